@@ -1,0 +1,104 @@
+package etcdlock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// newClient returns a client of the shared etcd (or of c when given),
+// closed at the end of the test.
+func newClient(t *testing.T, c ...*etcdtest.Cluster) *clientv3.Client {
+	t.Helper()
+	cl := cluster
+	if len(c) > 0 {
+		cl = c[0]
+	}
+	return cl.Client(t)
+}
+
+// newSession returns a session on cli, closed at the end of the test.
+func newSession(t *testing.T, cli *clientv3.Client, opts ...etcdlock.SessionOption) *etcdlock.Session {
+	t.Helper()
+	s, err := etcdlock.NewSession(cli, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// lockName returns a lock name no other test uses.
+func lockName(t *testing.T) string { return "test/" + t.Name() }
+
+// waiter is a Mutex whose Lock runs in a goroutine.
+type waiter struct {
+	m    *etcdlock.Mutex
+	idle chan string // receives the watched key each time the waiter blocks
+	done chan error  // receives Lock's result
+}
+
+// startWaiter starts m.Lock(ctx) in a goroutine.
+func startWaiter(ctx context.Context, m *etcdlock.Mutex) *waiter {
+	w := &waiter{m: m, idle: make(chan string, 64), done: make(chan error, 1)}
+	etcdlock.SetTestHookWait(m, func(pred string) {
+		select {
+		case w.idle <- pred:
+		default:
+		}
+	})
+	go func() { w.done <- m.Lock(ctx) }()
+	return w
+}
+
+// waitIdle waits until w has set up its watches and blocks, and returns the
+// key it watches. It fails if Lock returned first.
+func (w *waiter) waitIdle(t *testing.T) string {
+	t.Helper()
+	select {
+	case pred := <-w.idle:
+		return pred
+	case err := <-w.done:
+		t.Fatalf("Lock returned %v while it should wait", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter did not start waiting in 10s")
+	}
+	return ""
+}
+
+// result waits for w's Lock to return.
+func (w *waiter) result(t *testing.T, within time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-w.done:
+		return err
+	case <-time.After(within):
+		t.Fatalf("Lock did not return within %v", within)
+	}
+	return nil
+}
+
+// assertWaiting asserts w's Lock has not returned.
+func (w *waiter) assertWaiting(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-w.done:
+		t.Fatalf("Lock returned %v while it should still wait", err)
+	default:
+	}
+}
+
+// keys returns the keys under name + "/" in etcd, oldest first.
+func keys(t *testing.T, cli *clientv3.Client, name string) []string {
+	t.Helper()
+	resp, err := cli.Get(t.Context(), name+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	require.NoError(t, err)
+	var ks []string
+	for _, kv := range resp.Kvs {
+		ks = append(ks, string(kv.Key))
+	}
+	return ks
+}

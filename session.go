@@ -1,0 +1,288 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A Session is a lease on etcd kept alive while the process runs. Every lock
+// a Mutex takes through the session is bound to that lease, so all of them
+// end when the session ends: at Close (at once, the lease is revoked), or
+// TTL after the process stops renewing (it died, was paused, or lost etcd).
+//
+// The session renews its lease every TTL/3. It counts the lease's life from
+// the moment each renewal was sent, because etcd extends the lease only when
+// it receives the request: the lease lives at least until send time + TTL,
+// and an answer that arrives late proves nothing newer. When that deadline,
+// less a small margin, passes without a newer confirmed renewal, the session
+// ends on its own and Done is closed: before etcd can expire the lease and
+// hand this session's locks to anyone else.
+//
+// A Session is safe for concurrent use. A lease must never be used by two
+// processes at once (see WithLease): locks of one session share the key
+// name/<lease> and exclude each other only inside one process.
+type Session struct {
+	cli   *clientv3.Client
+	id    clientv3.LeaseID
+	ttl   time.Duration // TTL etcd granted
+	donec chan struct{} // closed when the session ends
+
+	stop     context.CancelFunc // stops the keepalive loop
+	loopDone chan struct{}      // closed when the keepalive loop returned
+
+	mu       sync.Mutex // guards err, deadline, closed, names
+	err      error      // why the session ended; nil while it runs
+	deadline time.Time  // the lease is known to live until then
+	closed   bool       // Close or Orphan was called
+	names    map[string]*nameLock
+}
+
+// nameLock lets one Mutex of a session at a time queue for or hold a name:
+// they all share the key name/<lease>, so etcd cannot tell them apart.
+type nameLock struct {
+	sem  chan struct{} // holds a token while a Mutex queues for or holds the name
+	refs int           // Mutex calls using sem; guarded by Session.mu
+}
+
+// NewSession grants a lease (or adopts one, see WithLease) and starts
+// keeping it alive. The keepalive goroutine ends with Close, Orphan, the
+// WithContext context, or the end of the lease.
+func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
+	if cli == nil {
+		return nil, fmt.Errorf("%w: nil client", ErrInvalidOption)
+	}
+	o := defaultSessionOptions()
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+
+	sent := time.Now()
+	id, ttl, left := o.lease, time.Duration(0), time.Duration(0)
+	if id == 0 {
+		resp, err := cli.Grant(o.ctx, ttlSeconds(o.ttl))
+		if err != nil {
+			return nil, fmt.Errorf("etcdlock: grant lease: %w", err)
+		}
+		id, ttl, left = resp.ID, time.Duration(resp.TTL)*time.Second, time.Duration(resp.TTL)*time.Second
+	} else {
+		resp, err := cli.TimeToLive(o.ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("etcdlock: look up lease %x: %w", id, err)
+		}
+		if resp.TTL <= 0 {
+			return nil, fmt.Errorf("%w: lease %x does not exist", ErrSessionExpired, id)
+		}
+		ttl, left = time.Duration(resp.GrantedTTL)*time.Second, time.Duration(resp.TTL)*time.Second
+	}
+
+	ctx, stop := context.WithCancel(o.ctx)
+	s := &Session{
+		cli:      cli,
+		id:       id,
+		ttl:      ttl,
+		donec:    make(chan struct{}),
+		stop:     stop,
+		loopDone: make(chan struct{}),
+		deadline: sent.Add(left),
+		names:    make(map[string]*nameLock),
+	}
+	go s.keepAlive(ctx)
+	return s, nil
+}
+
+// Client returns the etcd client the session was made with.
+func (s *Session) Client() *clientv3.Client { return s.cli }
+
+// Lease returns the ID of the session's lease.
+func (s *Session) Lease() clientv3.LeaseID { return s.id }
+
+// TTL returns the lease TTL etcd granted (it may round up what was asked).
+func (s *Session) TTL() time.Duration { return s.ttl }
+
+// Done returns a channel closed when the session ends: Close, Orphan, the
+// WithContext context ending, the lease revoked, or the lease's life running
+// out without a confirmed renewal. Locks held through the session must be
+// taken as lost from then on.
+func (s *Session) Done() <-chan struct{} { return s.donec }
+
+// Err returns nil while the session runs, and then why it ended: always an
+// error matching ErrSessionExpired, which also matches the WithContext
+// context's error when that ended the session.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Close ends the session and revokes its lease, which releases every lock of
+// the session at once. It waits for the keepalive goroutine to end. A lease
+// that has already expired is not an error; calling Close again does
+// nothing. If the revoke fails (etcd unreachable), the locks are released
+// when the lease expires, at most TTL later, and Close returns the error.
+func (s *Session) Close() error {
+	if !s.shutdown() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
+	defer cancel()
+	_, err := s.cli.Revoke(ctx, s.id)
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("etcdlock: revoke lease %x: %w", s.id, err)
+	}
+	return nil
+}
+
+// Orphan ends the session without revoking its lease: keepalives stop and
+// the session's locks are released when the lease expires, TTL from the last
+// renewal. It waits for the keepalive goroutine to end.
+func (s *Session) Orphan() { s.shutdown() }
+
+// shutdown stops the keepalive loop and ends the session. It reports
+// whether this call was the first Close or Orphan.
+func (s *Session) shutdown() bool {
+	s.mu.Lock()
+	first := !s.closed
+	s.closed = true
+	s.mu.Unlock()
+	s.stop()
+	<-s.loopDone
+	s.end(fmt.Errorf("%w: session closed", ErrSessionExpired))
+	return first
+}
+
+// end records why the session ended and closes Done, once.
+func (s *Session) end(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return
+	}
+	s.err = err
+	close(s.donec)
+}
+
+// expiryMargin is how long before the computed end of its lease a session
+// gives up: room for the two clocks to run at slightly different rates.
+func (s *Session) expiryMargin() time.Duration {
+	return max(100*time.Millisecond, s.ttl/50)
+}
+
+// keepAlive renews the lease every TTL/3 until the session is stopped or
+// the lease is known, or must be assumed, to be gone.
+func (s *Session) keepAlive(ctx context.Context) {
+	defer close(s.loopDone)
+	interval := s.ttl / 3
+	retry := min(interval, 500*time.Millisecond)
+
+	next := time.NewTimer(interval)
+	defer next.Stop()
+	for {
+		s.mu.Lock()
+		giveUp := s.deadline.Add(-s.expiryMargin())
+		s.mu.Unlock()
+		expire := time.NewTimer(time.Until(giveUp))
+		select {
+		case <-ctx.Done():
+			expire.Stop()
+			if s.shuttingDown() {
+				return // shutdown sets the reason
+			}
+			s.end(fmt.Errorf("%w: session context ended: %w", ErrSessionExpired, ctx.Err()))
+			return
+		case <-expire.C:
+			s.end(fmt.Errorf("%w: lease %x not renewed within its TTL", ErrSessionExpired, s.id))
+			return
+		case <-next.C:
+			expire.Stop()
+		}
+
+		sent := time.Now()
+		// The renewal may take no longer than the lease's known life: past
+		// that, its answer could not save the session anyway.
+		rctx, cancel := context.WithDeadline(ctx, giveUp)
+		resp, err := s.cli.KeepAliveOnce(rctx, s.id)
+		cancel()
+		switch {
+		case err == nil:
+			s.mu.Lock()
+			if d := sent.Add(time.Duration(resp.TTL) * time.Second); d.After(s.deadline) {
+				s.deadline = d
+			}
+			s.mu.Unlock()
+			next.Reset(max(0, interval-time.Since(sent)))
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			s.end(fmt.Errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
+			return
+		default:
+			// etcd unreachable or busy: try again soon, until the deadline.
+			next.Reset(retry)
+		}
+	}
+}
+
+func (s *Session) shuttingDown() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// lost ends the session because etcd says its lease is gone.
+func (s *Session) lost() {
+	s.end(fmt.Errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
+}
+
+// acquireName takes the session-local right to queue for name. With wait it
+// blocks until the right is free, ctx ends or the session ends; without, it
+// returns ErrLocked if another Mutex of the session queues for or holds
+// name. The returned release gives the right back; call it exactly once.
+func (s *Session) acquireName(ctx context.Context, name string, wait bool) (release func(), err error) {
+	s.mu.Lock()
+	nl := s.names[name]
+	if nl == nil {
+		nl = &nameLock{sem: make(chan struct{}, 1)}
+		s.names[name] = nl
+	}
+	nl.refs++
+	s.mu.Unlock()
+
+	unref := func() {
+		s.mu.Lock()
+		nl.refs--
+		if nl.refs == 0 {
+			delete(s.names, name)
+		}
+		s.mu.Unlock()
+	}
+	release = func() {
+		<-nl.sem
+		unref()
+	}
+
+	select {
+	case nl.sem <- struct{}{}:
+		return release, nil
+	default:
+	}
+	if !wait {
+		unref()
+		return nil, ErrLocked
+	}
+	select {
+	case nl.sem <- struct{}{}:
+		return release, nil
+	case <-ctx.Done():
+		unref()
+		return nil, ctx.Err()
+	case <-s.donec:
+		unref()
+		return nil, s.Err()
+	}
+}

@@ -1,0 +1,213 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// errWatchBroken says a watch ended without the event it waited for: the
+// stream broke, the member lost its leader, or a resumed watch hit a
+// compacted revision. The waiter reads the queue again and re-watches.
+var errWatchBroken = errors.New("etcdlock: watch broken")
+
+// wait blocks until no key of the lock older than rev is left, that is until
+// this Mutex holds the lock. pred is the key just ahead, seen at readRev.
+// It returns the header of the response that showed the lock was ours.
+//
+// The waiter watches only its predecessor, not the whole prefix: a release
+// wakes exactly the next waiter, and a waiter that leaves the queue wakes
+// only the one behind it, which then watches the key ahead of the leaver.
+// The waiter also watches its own key, so that it learns within moments
+// that its lease expired or was revoked, while its predecessor still holds
+// (etcd's Mutex only notices when every earlier key is gone: etcd issue
+// 19597).
+func (m *Mutex) wait(ctx context.Context, rev int64, pred string, readRev int64) (*pb.ResponseHeader, error) {
+	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
+	backoff := minBackoff
+	for {
+		started := time.Now()
+		hdr, err := m.watchTurn(ctx, rev, pred, readRev)
+		if !errors.Is(err, errWatchBroken) {
+			return hdr, err
+		}
+		// A broken watch may have missed the event it waited for: read the
+		// queue again before watching again. Back off so that a member
+		// without a leader is not asked in a tight loop.
+		if time.Since(started) > maxBackoff {
+			backoff = minBackoff
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-m.s.donec:
+			t.Stop()
+			return nil, m.s.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, maxBackoff)
+		if hdr, pred, err = m.check(ctx, rev); err != nil || pred == "" {
+			return hdr, err
+		}
+		readRev = hdr.Revision
+	}
+}
+
+// watchTurn waits for the predecessors of the key created at rev to go,
+// starting from pred seen at readRev. It returns errWatchBroken when a
+// watch fails.
+func (m *Mutex) watchTurn(ctx context.Context, rev int64, pred string, readRev int64) (*pb.ResponseHeader, error) {
+	// WithRequireLeader: a member cut off from the leader cancels the watch
+	// rather than leaving it silent while the lock moves on elsewhere.
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+
+	own, ownRev, err := m.openWatch(wctx, m.key)
+	if err != nil {
+		return nil, err
+	}
+	watchedFrom := ownRev
+	for {
+		pctx, pcancel := context.WithCancel(wctx)
+		predCh, predRev, err := m.openWatch(pctx, pred)
+		if err != nil {
+			pcancel()
+			return nil, err
+		}
+		// The watches deliver events after the revision at which they were
+		// created: they start "now", so the server counts them as synced
+		// and sends events at once. A watch that started at readRev+1 would
+		// be unsynced as soon as the store moved on, and its events would
+		// wait for the next resync pass, up to 100 ms later (etcd's
+		// watchResyncPeriod): that is the handoff delay of etcd's Mutex.
+		// Starting now leaves a gap, (readRev, created]; one read closes it,
+		// and only when the gap is not empty.
+		watchedFrom = max(watchedFrom, predRev)
+		if watchedFrom > readRev {
+			hdr, next, err := m.check(ctx, rev)
+			if err != nil || next == "" {
+				pcancel()
+				return hdr, err
+			}
+			readRev = hdr.Revision
+			if next != pred {
+				pcancel()
+				pred = next
+				continue
+			}
+		}
+
+		if m.testHookWait != nil {
+			m.testHookWait(pred)
+		}
+		deleted, err := m.waitDelete(ctx, own, predCh)
+		pcancel()
+		if err != nil {
+			return nil, err
+		}
+		if deleted == m.key {
+			return nil, m.lostWhileWaiting(ctx)
+		}
+		// The predecessor is gone (released, expired, or left the queue).
+		// One round trip checks that our key is still ours and finds who,
+		// if anyone, is now ahead.
+		hdr, next, err := m.check(ctx, rev)
+		if err != nil || next == "" {
+			return hdr, err
+		}
+		pred, readRev, watchedFrom = next, hdr.Revision, 0
+	}
+}
+
+// openWatch watches key for deletions from the current revision on and
+// returns the watch and the revision at which it was created.
+func (m *Mutex) openWatch(ctx context.Context, key string) (clientv3.WatchChan, int64, error) {
+	ch := m.s.cli.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	select {
+	case wr, ok := <-ch:
+		if !ok || wr.Err() != nil || !wr.Created {
+			return nil, 0, m.watchErr(ctx, wr)
+		}
+		return ch, wr.Header.Revision, nil
+	case <-m.s.donec:
+		return nil, 0, m.s.Err()
+	}
+}
+
+// waitDelete returns the key of the first deletion seen on own or pred.
+func (m *Mutex) waitDelete(ctx context.Context, own, pred clientv3.WatchChan) (string, error) {
+	for {
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case wr, ok = <-own:
+		case wr, ok = <-pred:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-m.s.donec:
+			return "", m.s.Err()
+		}
+		if !ok || wr.Err() != nil {
+			return "", m.watchErr(ctx, wr)
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE {
+				return string(ev.Kv.Key), nil
+			}
+		}
+	}
+}
+
+// watchErr explains why a watch ended: the caller's ctx, or a broken watch.
+func (m *Mutex) watchErr(ctx context.Context, wr clientv3.WatchResponse) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errWatchBroken, wr.Err())
+}
+
+// check reads, in one round trip, whether the key created at rev is still
+// ours and which key, if any, is now just ahead of it ("" when none: the
+// lock is ours).
+func (m *Mutex) check(ctx context.Context, rev int64) (*pb.ResponseHeader, string, error) {
+	resp, err := m.s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev)).
+		Then(m.opQueue(rev - 1)).
+		Commit()
+	if err != nil {
+		return nil, "", m.rpcErr(err)
+	}
+	if !resp.Succeeded {
+		return nil, "", m.lostWhileWaiting(ctx)
+	}
+	pred, hdr, err := m.predecessor(ctx, rev, resp.Responses[0].GetResponseRange(), resp.Header)
+	return hdr, pred, err
+}
+
+// lostWhileWaiting says why a waiter's key disappeared: ErrSessionExpired if
+// the session's lease is gone (and the session ends with it), else
+// ErrLockLost: someone deleted the key.
+func (m *Mutex) lostWhileWaiting(ctx context.Context) error {
+	if err := m.s.Err(); err != nil {
+		return err
+	}
+	resp, err := m.s.cli.TimeToLive(ctx, m.s.Lease())
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: key %s deleted while waiting (lease check failed: %w)", ErrLockLost, m.key, m.rpcErr(err))
+	}
+	if resp.TTL <= 0 {
+		m.s.lost()
+		return m.s.Err()
+	}
+	return fmt.Errorf("%w: key %s deleted while waiting", ErrLockLost, m.key)
+}
