@@ -47,10 +47,11 @@ type Mutex struct {
 	pfx  string // name + "/"
 	key  string // pfx + lease ID in hex
 
-	mu      sync.Mutex // guards rev, hdr, release
-	rev     int64      // create revision of key while held; 0 when not held
-	hdr     *pb.ResponseHeader
-	release func() // gives back the session-local right to the name
+	opts mutexOptions
+
+	mu   sync.Mutex // guards h, last, and the fields of holds marked so
+	h    *hold      // the current hold; nil when not held
+	last *hold      // the hold that ended last, for Done and Err
 
 	// testHookWait, when set, is called each time a waiter has set up its
 	// watches and blocks for an event, with the key it watches. Tests use it
@@ -62,8 +63,10 @@ type Mutex struct {
 // s. The name is checked by Lock and TryLock, which return ErrInvalidName
 // for an empty name or one longer than MaxNameLen. Names may contain "/": a
 // lock named "jobs/cleanup" never blocks one named "jobs" or the reverse.
-func NewMutex(s *Session, name string) *Mutex {
-	m := &Mutex{s: s, name: name, pfx: name + "/"}
+//
+// Invalid options are reported by Lock and TryLock, as ErrInvalidOption.
+func NewMutex(s *Session, name string, opts ...MutexOption) *Mutex {
+	m := &Mutex{s: s, name: name, pfx: name + "/", opts: newMutexOptions(opts)}
 	if s != nil {
 		m.key = fmt.Sprintf("%s%x", m.pfx, int64(s.Lease()))
 	}
@@ -112,8 +115,15 @@ func (m *Mutex) lock(ctx context.Context, wait bool) error {
 		release()
 		return err
 	}
+	h := &hold{rev: rev, hdr: hdr, release: release, done: make(chan struct{})}
+	if m.opts.maxHold > 0 {
+		if err := m.limitHold(ctx, h); err != nil {
+			release()
+			return err
+		}
+	}
 	m.mu.Lock()
-	m.rev, m.hdr, m.release = rev, hdr, release
+	m.h = h
 	m.mu.Unlock()
 	return nil
 }
@@ -121,6 +131,9 @@ func (m *Mutex) lock(ctx context.Context, wait bool) error {
 func (m *Mutex) validate() error {
 	if m.s == nil {
 		return fmt.Errorf("%w: Mutex has no Session", ErrSessionExpired)
+	}
+	if m.opts.err != nil {
+		return m.opts.err
 	}
 	if m.name == "" {
 		return fmt.Errorf("%w: empty name", ErrInvalidName)
@@ -311,50 +324,55 @@ func (m *Mutex) head(ctx context.Context, r *pb.RangeResponse) (*mvccpb.KeyValue
 // called again; the key also goes when the session's lease ends.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	m.mu.Lock()
-	rev, release := m.rev, m.release
-	if rev == 0 {
+	h := m.h
+	if h == nil || h.unlocking {
 		m.mu.Unlock()
 		return ErrLockReleased
 	}
-	m.rev, m.hdr, m.release = 0, nil, nil
+	h.unlocking = true // a second Unlock now gets ErrLockReleased
+	lostErr := h.err
 	m.mu.Unlock()
 
 	sessionErr := m.s.Err()
 	resp, err := m.s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev)).
+		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
 		Then(clientv3.OpDelete(m.key)).
 		Commit()
 	switch {
+	case lostErr != nil:
+		// Done already reported the loss.
+		err = lostErr
 	case sessionErr != nil:
 		// The session ended, and its lease with it (or soon): the delete
 		// above was only tidying up.
-		release()
-		return fmt.Errorf("%w: %w", ErrLockLost, sessionErr)
+		err = fmt.Errorf("%w: %w", ErrLockLost, sessionErr)
 	case err != nil:
 		m.mu.Lock()
-		if m.rev == 0 {
-			m.rev, m.release = rev, release
-		}
+		h.unlocking = false
 		m.mu.Unlock()
 		return fmt.Errorf("etcdlock: unlock %s: %w", m.key, err)
 	case !resp.Succeeded:
-		release()
-		return fmt.Errorf("%w: key %s was deleted before Unlock", ErrLockLost, m.key)
+		err = fmt.Errorf("%w: key %s was deleted before Unlock", ErrLockLost, m.key)
 	}
-	release()
-	return nil
+	m.endHold(h, err)
+	m.revokeMaxHold(ctx, h)
+	m.mu.Lock()
+	m.h, m.last = nil, h
+	m.mu.Unlock()
+	h.release()
+	return err
 }
 
 // IsOwner returns a comparison that holds only while this Mutex's hold is
 // current: use it in Txn().If to make a write conditional on the lock.
 // When the Mutex is not held the comparison never holds.
 func (m *Mutex) IsOwner() clientv3.Cmp {
+	rev := int64(-1) // no key has create revision -1; 0 would match a missing key
 	m.mu.Lock()
-	rev := m.rev
-	m.mu.Unlock()
-	if rev == 0 {
-		rev = -1 // no key has create revision -1; 0 would match a missing key
+	if m.h != nil {
+		rev = m.h.rev
 	}
+	m.mu.Unlock()
 	return clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev)
 }
 
@@ -366,17 +384,24 @@ func (m *Mutex) Key() string { return m.key }
 func (m *Mutex) Header() *pb.ResponseHeader {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.hdr
+	if m.h == nil {
+		return nil
+	}
+	return m.h.hdr
 }
 
 // Token returns the fencing token of the current hold: the create revision
 // of the holder's key. Tokens of successive holders of one lock strictly
 // increase, so a resource that remembers the highest token it has seen can
-// reject a stale holder. Token returns 0 when the Mutex is not held.
+// reject a stale holder. Token returns 0 when the Mutex is not held; after
+// a loss it returns the lost hold's token until Unlock.
 func (m *Mutex) Token() int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.rev
+	if m.h == nil {
+		return 0
+	}
+	return m.h.rev
 }
 
 // fail removes this Mutex's key after a failed Lock and returns err (joined

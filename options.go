@@ -82,3 +82,41 @@ func WithContext(ctx context.Context) SessionOption {
 func ttlSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
+
+// mutexOptions holds a Mutex's settings; the zero value is the default.
+type mutexOptions struct {
+	maxHold time.Duration
+	err     error // the first invalid option, reported by Lock and TryLock
+}
+
+// A MutexOption configures NewMutex. An invalid value makes Lock and
+// TryLock return an error wrapping ErrInvalidOption.
+type MutexOption func(*mutexOptions) error
+
+func newMutexOptions(opts []MutexOption) mutexOptions {
+	var o mutexOptions
+	for _, opt := range opts {
+		if err := opt(&o); err != nil && o.err == nil {
+			o.err = err
+		}
+	}
+	return o
+}
+
+// WithMaxHold makes etcd itself end every hold d after acquisition, even if
+// the holder hangs: at acquisition the key is re-attached to a lease of its
+// own with TTL d (rounded up to seconds), keeping its place and token. Done
+// closes, and Err reports ErrLockLost, a margin before etcd ends the hold.
+// The key then no longer follows the session's lease: if the holder dies,
+// the lock passes on when d has run out, not TTL. It costs two more RPCs
+// per acquisition and one more per Unlock. Default: no limit. Values below
+// MinTTL (1s) are an error.
+func WithMaxHold(d time.Duration) MutexOption {
+	return func(o *mutexOptions) error {
+		if d < MinTTL {
+			return fmt.Errorf("%w: max hold %v is below the minimum %v", ErrInvalidOption, d, MinTTL)
+		}
+		o.maxHold = d
+		return nil
+	}
+}

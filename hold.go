@@ -1,0 +1,266 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A hold is one acquisition of a Mutex, from Lock to Unlock or loss.
+type hold struct {
+	rev     int64              // create revision of the key: the token
+	hdr     *pb.ResponseHeader // response that showed the lock was ours
+	release func()             // gives back the session-local right to the name
+	done    chan struct{}      // closed when the hold ends
+
+	// Set when WithMaxHold re-attached the key to a lease of its own.
+	maxLease    clientv3.LeaseID
+	maxDeadline time.Time // the hold surely ends by then; Done closes before
+
+	// Guarded by Mutex.mu.
+	err       error  // ErrLockLost after an involuntary end
+	ended     bool   // done is closed
+	unlocking bool   // Unlock has begun
+	stop      func() // stops the loss watch; nil until Done asks for it
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Done returns a channel closed when the current hold ends, for any reason:
+// Unlock, or loss (the key was deleted, the session's lease expired or was
+// revoked, the session ended, or the WithMaxHold limit passed). When the
+// Mutex is not held, Done returns the channel of the last hold, or a closed
+// channel if there was none.
+//
+// The first call of a hold starts watching the key; the plain Lock/Unlock
+// path opens no watch. Loss by lease expiry is reported before etcd can
+// give the lock to anyone else: the session counts its lease's life from
+// when each renewal was sent and ends a margin before it runs out.
+func (m *Mutex) Done() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	h := m.h
+	if h == nil {
+		if m.last != nil {
+			return m.last.done
+		}
+		return closedChan
+	}
+	if h.stop == nil && !h.ended {
+		ctx, cancel := context.WithCancel(context.Background())
+		exited := make(chan struct{})
+		h.stop = func() { cancel(); <-exited }
+		go func() {
+			defer close(exited)
+			m.watchHold(ctx, h)
+		}()
+	}
+	return h.done
+}
+
+// Err returns nil while the Mutex is held and after a plain Unlock, and an
+// error matching ErrLockLost once a hold ended involuntarily (until the
+// next Lock). Loss is detected only once Done has been called for the hold
+// (Do calls it); Unlock also reports it.
+func (m *Mutex) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	h := m.h
+	if h == nil {
+		h = m.last
+	}
+	if h == nil {
+		return nil
+	}
+	return h.err
+}
+
+// Do locks m, runs fn, and unlocks m. fn's ctx is cancelled the moment the
+// hold is lost, with context.Cause matching ErrLockLost. If the hold was
+// lost, Do's error matches ErrLockLost and also carries fn's error. If Lock
+// fails, fn does not run and Do returns Lock's error.
+func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	if err := m.Lock(ctx); err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	lost := m.Done()
+	finished := make(chan struct{})
+	watcherDone := make(chan struct{})
+	go func() {
+		defer close(watcherDone)
+		select {
+		case <-lost:
+			if err := m.Err(); err != nil {
+				cancel(err)
+			}
+		case <-finished:
+		}
+	}()
+	fnErr := fn(fctx)
+	close(finished)
+	<-watcherDone
+	cancel(nil)
+
+	// Unlock with a context that outlives a cancelled ctx: the lock must
+	// be released even when the caller gave up.
+	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer ucancel()
+	uerr := m.Unlock(uctx)
+	if errors.Is(uerr, ErrLockLost) {
+		return errors.Join(uerr, fnErr)
+	}
+	return errors.Join(fnErr, uerr)
+}
+
+// endHold ends h with err (nil for Unlock), once, and stops its loss watch.
+func (m *Mutex) endHold(h *hold, err error) {
+	m.mu.Lock()
+	stop := h.stop
+	if !h.ended {
+		h.ended = true
+		h.err = err
+		close(h.done)
+	}
+	m.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// lose ends h as lost, from the loss watch. Its stop is not called: the
+// watch is the caller.
+func (m *Mutex) lose(h *hold, cause error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if h.ended || h.unlocking {
+		return // Unlock ends the hold and reports what it finds
+	}
+	h.ended = true
+	h.err = fmt.Errorf("%w: %w", ErrLockLost, cause)
+	close(h.done)
+}
+
+// watchHold ends h when its key is deleted, its session ends or its max
+// hold passes; it returns when ctx (stopped by Unlock) ends or h is lost.
+func (m *Mutex) watchHold(ctx context.Context, h *hold) {
+	var maxc <-chan time.Time
+	if !h.maxDeadline.IsZero() {
+		t := time.NewTimer(time.Until(h.maxDeadline.Add(-m.s.expiryMargin())))
+		defer t.Stop()
+		maxc = t.C
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		if lost := m.watchKey(ctx, h, maxc); lost != nil {
+			m.lose(h, lost)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// The watch broke (no leader, stream lost, compaction on resume):
+		// look again after a pause. If etcd stays out of reach, the
+		// session's deadline ends the hold in time.
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.s.donec:
+			m.lose(h, m.s.Err())
+			return
+		case <-maxc:
+			m.lose(h, errMaxHold)
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// watchKey watches h's key from now, checks it is still h's, and waits. It
+// returns the cause of a loss, or nil when ctx ended or the watch broke.
+func (m *Mutex) watchKey(ctx context.Context, h *hold, maxc <-chan time.Time) (lost error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	ch, _, err := m.openWatch(wctx, m.key)
+	if err != nil {
+		if errors.Is(err, ErrSessionExpired) {
+			return err
+		}
+		return nil
+	}
+	// The watch starts now; one read covers the time before it.
+	resp, err := m.s.cli.Get(wctx, m.key)
+	if err != nil {
+		return nil
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
+		return fmt.Errorf("key %s was deleted", m.key)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-m.s.donec:
+			return m.s.Err()
+		case <-maxc:
+			return errMaxHold
+		case wr, ok := <-ch:
+			if !ok || wr.Err() != nil {
+				return nil
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					return fmt.Errorf("key %s was deleted", m.key)
+				}
+			}
+		}
+	}
+}
+
+// errMaxHold is the cause of a loss by WithMaxHold.
+var errMaxHold = errors.New("max hold time passed")
+
+// limitHold re-attaches h's key to a lease of its own with the max hold
+// TTL, so that etcd ends the hold then even if this process hangs. A Put
+// keeps the key's create revision: its place, and the token, stay the same.
+// On failure the key is removed and the error returned.
+func (m *Mutex) limitHold(ctx context.Context, h *hold) error {
+	sent := time.Now()
+	g, err := m.s.cli.Grant(ctx, ttlSeconds(m.opts.maxHold))
+	if err != nil {
+		return m.fail(ctx, h.rev, fmt.Errorf("etcdlock: grant max hold lease: %w", err))
+	}
+	h.maxLease = g.ID
+	resp, err := m.s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
+		Then(clientv3.OpPut(m.key, "", clientv3.WithLease(g.ID))).
+		Commit()
+	if err == nil && !resp.Succeeded {
+		err = fmt.Errorf("%w: key %s was deleted", ErrLockLost, m.key)
+	}
+	if err != nil {
+		m.revokeMaxHold(ctx, h)
+		return m.fail(ctx, h.rev, err)
+	}
+	// etcd counts the lease from when it received the grant: no earlier
+	// than sent.
+	h.maxDeadline = sent.Add(time.Duration(g.TTL) * time.Second)
+	return nil
+}
+
+// revokeMaxHold revokes h's max hold lease, if it has one.
+func (m *Mutex) revokeMaxHold(ctx context.Context, h *hold) {
+	if h.maxLease == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	// Best effort: if it fails the lease expires on its own at the limit.
+	_, _ = m.s.cli.Revoke(cctx, h.maxLease)
+}
