@@ -1,0 +1,163 @@
+package bench_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock/bench"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"go.uber.org/goleak"
+)
+
+// The clusters start on first use, so that `go test ./...` without -bench
+// starts none, and stop in TestMain.
+var clusters struct {
+	mu   sync.Mutex // guards dir, envs
+	dir  string
+	envs map[int]*bench.Env // by number of members
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	code := m.Run()
+	clusters.mu.Lock()
+	for _, e := range clusters.envs {
+		e.Close()
+	}
+	if clusters.dir != "" {
+		os.RemoveAll(clusters.dir)
+	}
+	clusters.mu.Unlock()
+	if code != 0 {
+		return code
+	}
+	// Every session and client the scenarios opened must be closed, and
+	// their goroutines gone.
+	if err := goleak.Find(etcdHTTPLeftovers...); err != nil {
+		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// etcdHTTPLeftovers are goroutines of the embedded members' peer HTTP
+// connections, which net/http closes asynchronously after etcd stops.
+var etcdHTTPLeftovers = []goleak.Option{
+	goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+	goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+	goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
+	goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
+}
+
+// env returns the cluster of the given size, started on first use.
+func env(tb testing.TB, members int) *bench.Env {
+	tb.Helper()
+	clusters.mu.Lock()
+	defer clusters.mu.Unlock()
+	if e := clusters.envs[members]; e != nil {
+		return e
+	}
+	if clusters.dir == "" {
+		dir, err := etcdtest.MkdirTemp()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		clusters.dir = dir
+		clusters.envs = make(map[int]*bench.Env)
+	}
+	e, err := bench.NewEnv(filepath.Join(clusters.dir, fmt.Sprintf("members-%d", members)), members)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	clusters.envs[members] = e
+	return e
+}
+
+// benchScenario runs the scenario called name on one member and on three,
+// each time for this library then for etcd's Mutex: with -count, the two
+// alternate. Under -short, the scenarios not marked Short (fifo-1000) are
+// skipped.
+//
+// ns/op, B/op and allocs/op are per operation of the scenario (for the
+// FIFO queues, per handoff, although b.N counts queues drained); B/op and
+// allocs/op are the whole process's, embedded etcd included.
+func benchScenario(b *testing.B, name string) {
+	sc, ok := bench.Lookup(name)
+	if !ok {
+		b.Fatalf("no scenario %q", name)
+	}
+	for _, members := range []int{1, 3} {
+		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) {
+			if testing.Short() && !sc.Short {
+				b.Skip("skipped under -short")
+			}
+			e := env(b, members)
+			for _, impl := range bench.Impls {
+				b.Run("impl="+impl.Name, func(b *testing.B) {
+					runScenario(b, e, sc, impl)
+				})
+			}
+		})
+	}
+}
+
+func runScenario(b *testing.B, e *bench.Env, sc bench.Scenario, impl bench.Impl) {
+	b.StopTimer() // the scenario starts it around what it measures
+	b.ReportAllocs()
+	ctx, cancel := context.WithTimeout(b.Context(), 10*time.Minute)
+	defer cancel()
+	r, err := sc.Run(ctx, e, impl, b.N, b)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(r.NsPerOp(), "ns/op")
+	b.ReportMetric(r.AllocsPerOp(), "allocs/op")
+	b.ReportMetric(r.BytesPerOp(), "B/op")
+	b.ReportMetric(r.RPCsPerOp(), "rpcs/op")
+	b.ReportMetric(r.KeepAlivesPerOp(), "keepalives/op")
+	b.ReportMetric(r.RevsPerOp(), "revs/op")
+	switch sc.Unit {
+	case "acquisition", "handoff":
+		b.ReportMetric(float64(r.Ops)/r.Elapsed.Seconds(), "acq/s")
+	}
+	if q := r.Queue; q != nil {
+		b.ReportMetric(q.ClientHeap+q.Stack, "B/waiter")
+		b.ReportMetric(q.Goroutines, "goroutines/waiter")
+		b.ReportMetric(q.Growth, "mem-growth")
+	}
+}
+
+// BenchmarkUncontended measures Lock then Unlock with no one else around.
+func BenchmarkUncontended(b *testing.B) { benchScenario(b, "uncontended") }
+
+// BenchmarkTryLockHeld measures TryLock on a lock another session holds.
+func BenchmarkTryLockHeld(b *testing.B) { benchScenario(b, "trylock-held") }
+
+// BenchmarkContention measures acquisitions by 4 and by 16 contenders, each
+// with its own client and session, taking turns. It fails if two are ever
+// inside at once.
+func BenchmarkContention(b *testing.B) {
+	for _, k := range []int{4, 16} {
+		b.Run(fmt.Sprintf("contenders=%d", k), func(b *testing.B) {
+			benchScenario(b, fmt.Sprintf("contend-%d", k))
+		})
+	}
+}
+
+// BenchmarkFIFO measures the handoffs of a queue of 50 and of 1000 waiters
+// drained after the holder releases. It fails if the order is not FIFO.
+func BenchmarkFIFO(b *testing.B) {
+	for _, w := range []int{50, 1000} {
+		b.Run(fmt.Sprintf("waiters=%d", w), func(b *testing.B) {
+			benchScenario(b, fmt.Sprintf("fifo-%d", w))
+		})
+	}
+}

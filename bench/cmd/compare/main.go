@@ -1,0 +1,202 @@
+// Command compare runs the bench scenarios for this library's Mutex and
+// etcd's concurrency.Mutex on one embedded etcd, alternating the two over
+// rounds, and prints one table of medians with the ratio of our time to
+// etcd's and whether each target is met.
+//
+//	go run ./bench/cmd/compare -members 1 -rounds 5
+//
+// Flags:
+//
+//	-members n     members of the embedded etcd: 1 or 3 (default 1)
+//	-rounds n      rounds; each runs every scenario once per implementation,
+//	               in alternating order (default 5)
+//	-scenarios re  run only the scenarios whose name matches re
+//	-short         fewer operations per round, and no fifo-1000
+//
+// Progress goes to standard error, the tables to standard output. The
+// command exits 1 if a scenario fails (two holders at once, FIFO order
+// broken, an error) or goroutines are left behind; missed targets are only
+// reported.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/etcdlock/etcdlock/bench"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"go.uber.org/goleak"
+)
+
+func main() {
+	members := flag.Int("members", 1, "members of the embedded etcd: 1 or 3")
+	rounds := flag.Int("rounds", 5, "rounds; each runs every scenario once per implementation")
+	filter := flag.String("scenarios", "", "run only the scenarios whose name matches this regexp")
+	short := flag.Bool("short", false, "fewer operations per round, and no fifo-1000")
+	flag.Parse()
+	if err := run(*members, *rounds, *filter, *short); err != nil {
+		fmt.Fprintln(os.Stderr, "compare:", err)
+		os.Exit(1)
+	}
+}
+
+func run(members, rounds int, filter string, short bool) error {
+	if members != 1 && members != 3 {
+		return fmt.Errorf("-members %d: want 1 or 3", members)
+	}
+	if rounds < 1 {
+		return fmt.Errorf("-rounds %d: want at least 1", rounds)
+	}
+	re, err := regexp.Compile(filter)
+	if err != nil {
+		return fmt.Errorf("-scenarios: %w", err)
+	}
+	var scenarios []bench.Scenario
+	for _, sc := range bench.Scenarios {
+		if re.MatchString(sc.Name) && (sc.Short || !short) {
+			scenarios = append(scenarios, sc)
+		}
+	}
+	if len(scenarios) == 0 {
+		return fmt.Errorf("no scenario matches %q", filter)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	before := goleak.IgnoreCurrent()
+	start := time.Now()
+	results, err := measure(ctx, members, rounds, short, scenarios)
+	if err != nil {
+		return err
+	}
+	printTables(os.Stdout, members, rounds, scenarios, results)
+	fmt.Fprintf(os.Stdout, "\nwall time %v\n", time.Since(start).Round(time.Second))
+
+	// Every session and client the scenarios opened is closed, and etcd is
+	// stopped: no goroutine may be left but net/http's peer leftovers.
+	if err := goleak.Find(
+		before,
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
+		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
+	); err != nil {
+		return fmt.Errorf("goroutines left behind: %w", err)
+	}
+	return nil
+}
+
+// results holds one Result per round, by scenario and implementation.
+type results map[string]map[string][]bench.Result
+
+func measure(ctx context.Context, members, rounds int, short bool, scenarios []bench.Scenario) (results, error) {
+	dir, err := etcdtest.MkdirTemp()
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	env, err := bench.NewEnv(dir, members)
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close()
+
+	res := make(results)
+	for round := range rounds {
+		for _, sc := range scenarios {
+			n := sc.N
+			if short {
+				n = sc.ShortN
+			}
+			impls := slices.Clone(bench.Impls)
+			if round%2 == 1 {
+				slices.Reverse(impls) // neither always goes first
+			}
+			for _, impl := range impls {
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+				r, err := sc.Run(rctx, env, impl, n, nil)
+				cancel()
+				if err != nil {
+					return nil, fmt.Errorf("round %d, %s, %s: %w", round+1, sc.Name, impl.Name, err)
+				}
+				if res[sc.Name] == nil {
+					res[sc.Name] = make(map[string][]bench.Result)
+				}
+				res[sc.Name][impl.Name] = append(res[sc.Name][impl.Name], r)
+				fmt.Fprintf(os.Stderr, "round %d/%d  %-13s %-9s %10s/%s  %5.2f rpcs/op  %5.2f revs/op\n",
+					round+1, rounds, sc.Name, impl.Name, duration(r.NsPerOp()), sc.Unit, r.RPCsPerOp(), r.RevsPerOp())
+			}
+		}
+	}
+	return res, nil
+}
+
+func printTables(w io.Writer, members, rounds int, scenarios []bench.Scenario, res results) {
+	ours, theirs := bench.Etcdlock.Name, bench.Etcd.Name
+	fmt.Fprintf(w, "etcdlock (ours) vs etcd concurrency.Mutex: embedded etcd, %d member(s), fsync on; medians of %d rounds [min-max]\n", members, rounds)
+	fmt.Fprintf(w, "ratio = our time / etcd's; rpcs/op = unary calls + streams opened, lease keepalive streams apart (ka/op); allocs/op of the whole process\n\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\tper\tetcdlock time/op\tetcd time/op\tratio\trpcs/op ours|etcd\tka/op ours|etcd\trevs/op ours|etcd\tallocs/op ours|etcd\ttargets\tmet")
+	var queues []bench.Scenario
+	for _, sc := range scenarios {
+		o, t := bench.Summarize(res[sc.Name][ours]), bench.Summarize(res[sc.Name][theirs])
+		met := "yes"
+		if missed := bench.Check(sc, o, t); len(missed) > 0 {
+			met = "NO: " + strings.Join(missed, ", ")
+		}
+		var targets []string
+		for _, t := range sc.Targets {
+			targets = append(targets, t.Text)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3f\t%.2f | %.2f\t%.2f | %.2f\t%.2f | %.2f\t%.0f | %.0f\t%s\t%s\n",
+			sc.Name, sc.Unit, timeRange(o), timeRange(t), bench.Ratio(o, t),
+			o.RPCsPerOp, t.RPCsPerOp, o.KeepAlivesPerOp, t.KeepAlivesPerOp,
+			o.RevsPerOp, t.RevsPerOp, o.AllocsPerOp, t.AllocsPerOp,
+			strings.Join(targets, " "), met)
+		if o.Queue != nil {
+			queues = append(queues, sc)
+		}
+	}
+	tw.Flush()
+	if len(queues) == 0 {
+		return
+	}
+
+	fmt.Fprintf(w, "\nper waiting Mutex (medians): client B = heap allocated outside the etcd server + goroutine stacks;\n")
+	fmt.Fprintf(w, "growth = client heap per waiter of the last half of the queue over the first half (1 = O(1)); process heap includes etcd\n\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\timpl\twaiters measured\tclient B\tof which heap\tof which stack\tgoroutines\tgrowth\tprocess heap B")
+	for _, sc := range queues {
+		for _, impl := range []string{ours, theirs} {
+			q := bench.Summarize(res[sc.Name][impl]).Queue
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.0f\n",
+				sc.Name, impl, q.Waiters, q.ClientHeap+q.Stack, q.ClientHeap, q.Stack, q.Goroutines, q.Growth, q.ProcessHeap)
+		}
+	}
+	tw.Flush()
+}
+
+// timeRange formats the median time per operation and its range.
+func timeRange(s bench.Summary) string {
+	return fmt.Sprintf("%s [%s-%s]", duration(s.NsPerOp), duration(s.MinNsPerOp), duration(s.MaxNsPerOp))
+}
+
+func duration(ns float64) string {
+	switch {
+	case ns >= 1e9:
+		return fmt.Sprintf("%.2fs", ns/1e9)
+	case ns >= 1e6:
+		return fmt.Sprintf("%.2fms", ns/1e6)
+	default:
+		return fmt.Sprintf("%.0fµs", ns/1e3)
+	}
+}

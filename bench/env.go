@@ -1,0 +1,210 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+)
+
+// An Env is a running embedded etcd cluster and what the scenarios need
+// around it. It is safe for concurrent use, but scenarios sharing an Env
+// should run one at a time: they measure the whole process.
+type Env struct {
+	cluster *etcdtest.Cluster
+	obs     *clientv3.Client // uncounted: reads revisions and polls the queue
+	seq     atomic.Int64     // makes lock names unique
+}
+
+// NewEnv starts an embedded etcd cluster of the given number of members,
+// with its data under dir (fsync on, as etcdtest always has it). The caller
+// must call Close.
+func NewEnv(dir string, members int) (*Env, error) {
+	c, err := etcdtest.StartDir(dir, members)
+	if err != nil {
+		return nil, err
+	}
+	obs, err := c.NewClient(clientv3.Config{})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("bench: observer client: %w", err)
+	}
+	return &Env{cluster: c, obs: obs}, nil
+}
+
+// Close closes the observer client and stops the cluster.
+func (e *Env) Close() {
+	e.obs.Close()
+	e.cluster.Close()
+}
+
+// Members returns the number of members of the cluster.
+func (e *Env) Members() int { return e.cluster.Size() }
+
+// lockName returns a lock name no other run uses.
+func (e *Env) lockName(scenario string, impl Impl) string {
+	return fmt.Sprintf("bench/%s/%s/%d", scenario, impl.Name, e.seq.Add(1))
+}
+
+// revision returns the current revision of the store.
+func (e *Env) revision(ctx context.Context) (int64, error) {
+	resp, err := e.obs.Get(ctx, "bench-revision")
+	if err != nil {
+		return 0, fmt.Errorf("bench: read revision: %w", err)
+	}
+	return resp.Header.Revision, nil
+}
+
+// countKeys returns the number of keys under name + "/".
+func (e *Env) countKeys(ctx context.Context, name string) (int64, error) {
+	resp, err := e.obs.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, fmt.Errorf("bench: count keys of %s: %w", name, err)
+	}
+	return resp.Count, nil
+}
+
+// queue returns the keys under name + "/" in create-revision order: the
+// holder first, then the waiters in the order they get the lock.
+func (e *Env) queue(ctx context.Context, name string) ([]string, error) {
+	resp, err := e.obs.Get(ctx, name+"/", clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, fmt.Errorf("bench: read queue of %s: %w", name, err)
+	}
+	keys := make([]string, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		keys[i] = string(kv.Key)
+	}
+	return keys, nil
+}
+
+// singleMember is the member a scenario with one client talks to: a
+// follower when there is one, so that on three members a write goes
+// through a forwarding member as it does for most clients of a cluster.
+func (e *Env) singleMember() int {
+	if e.cluster.Size() == 1 {
+		return 0
+	}
+	return (max(e.cluster.Leader(), 0) + 1) % e.cluster.Size()
+}
+
+// keepAliveMethod is the gRPC method of lease keepalives.
+const keepAliveMethod = "/etcdserverpb.Lease/LeaseKeepAlive"
+
+// rpcCount counts the RPCs of a scenario's clients: etcdtest's counter of
+// unary calls and streams opened, plus, apart, how many of those streams
+// were lease keepalives (etcdlock's Session opens one per renewal; etcd's
+// sends renewals on one stream per client).
+type rpcCount struct {
+	all       etcdtest.RPCCounter
+	keepAlive atomic.Int64
+}
+
+func (c *rpcCount) dialOptions() []grpc.DialOption {
+	return append(c.all.DialOptions(),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			if method == keepAliveMethod {
+				c.keepAlive.Add(1)
+			}
+			return streamer(ctx, desc, cc, method, opts...)
+		}))
+}
+
+// clients are the counted clients of one scenario run.
+type clients struct {
+	rpcs rpcCount
+	clis []*clientv3.Client
+}
+
+// newClients opens n clients counted in one rpcCount. Client i talks only
+// to member (first+i) mod members, spreading them over the cluster.
+func (e *Env) newClients(n, first int) (*clients, error) {
+	cs := &clients{}
+	for i := range n {
+		cli, err := e.cluster.NewClient(clientv3.Config{
+			Endpoints:   []string{e.cluster.Endpoint((first + i) % e.cluster.Size())},
+			DialOptions: cs.rpcs.dialOptions(),
+		})
+		if err != nil {
+			cs.close()
+			return nil, fmt.Errorf("bench: client: %w", err)
+		}
+		cs.clis = append(cs.clis, cli)
+	}
+	return cs, nil
+}
+
+func (cs *clients) close() {
+	for _, cli := range cs.clis {
+		cli.Close()
+	}
+}
+
+// sessionParallelism bounds how many sessions are created or closed at once.
+const sessionParallelism = 32
+
+// newSessions creates n sessions of impl, session i on client i mod
+// len(clis), at most sessionParallelism at a time. On failure it closes
+// those it created.
+func newSessions(ctx context.Context, impl Impl, clis []*clientv3.Client, n int) ([]Session, error) {
+	ss := make([]Session, n)
+	errs := make([]error, n)
+	forEach(n, func(i int) {
+		ss[i], errs[i] = impl.NewSession(ctx, clis[i%len(clis)])
+	})
+	if err := errors.Join(errs...); err != nil {
+		closeSessions(ss)
+		return nil, fmt.Errorf("bench: %s session: %w", impl.Name, err)
+	}
+	return ss, nil
+}
+
+// closeSessions closes the non-nil sessions, at most sessionParallelism at
+// a time. Errors are ignored: a lease that cannot be revoked expires.
+func closeSessions(ss []Session) {
+	forEach(len(ss), func(i int) {
+		if ss[i] != nil {
+			ss[i].Close()
+		}
+	})
+}
+
+// forEach calls f(0) ... f(n-1), sessionParallelism at a time, and returns
+// when all have returned.
+func forEach(n int, f func(i int)) {
+	sem := make(chan struct{}, sessionParallelism)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			f(i)
+		})
+	}
+	wg.Wait()
+}
+
+// poll calls cond every interval until it returns true or an error, or ctx
+// ends.
+func poll(ctx context.Context, interval time.Duration, cond func() (bool, error)) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		ok, err := cond()
+		if err != nil || ok {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

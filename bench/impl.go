@@ -1,0 +1,107 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/etcdlock/etcdlock"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// ErrLocked is returned by a Mutex's TryLock, whatever the implementation,
+// when the lock is held by another session. It wraps the implementation's
+// own error.
+var ErrLocked = errors.New("bench: lock is held by another session")
+
+// An Impl is one of the mutex implementations compared. Both use the key
+// name/<lease ID in hex>, so a waiter of either can be seen queueing by
+// reading that key.
+type Impl struct {
+	// Name is "etcdlock" or "etcd", as in benchmark names and tables.
+	Name string
+	// NewSession grants a lease on cli and keeps it alive until Close.
+	NewSession func(ctx context.Context, cli *clientv3.Client) (Session, error)
+}
+
+// A Session is an implementation's session: a lease kept alive.
+type Session interface {
+	Lease() clientv3.LeaseID
+	NewMutex(name string) Mutex
+	Close() error
+}
+
+// A Mutex is what the scenarios use of a mutex. TryLock returns an error
+// matching ErrLocked when another session holds the lock.
+type Mutex interface {
+	Lock(ctx context.Context) error
+	TryLock(ctx context.Context) error
+	Unlock(ctx context.Context) error
+}
+
+// Etcdlock is this module's Mutex, with default session options.
+var Etcdlock = Impl{
+	Name: "etcdlock",
+	NewSession: func(ctx context.Context, cli *clientv3.Client) (Session, error) {
+		s, err := etcdlock.NewSession(cli, etcdlock.WithContext(ctx))
+		if err != nil {
+			return nil, err
+		}
+		return etcdlockSession{s}, nil
+	},
+}
+
+// Etcd is etcd's concurrency.Mutex, with default session options.
+var Etcd = Impl{
+	Name: "etcd",
+	NewSession: func(ctx context.Context, cli *clientv3.Client) (Session, error) {
+		s, err := concurrency.NewSession(cli, concurrency.WithContext(ctx))
+		if err != nil {
+			return nil, err
+		}
+		return etcdSession{s}, nil
+	},
+}
+
+// Impls are the implementations compared, ours first.
+var Impls = []Impl{Etcdlock, Etcd}
+
+type etcdlockSession struct{ *etcdlock.Session }
+
+func (s etcdlockSession) NewMutex(name string) Mutex {
+	return etcdlockMutex{etcdlock.NewMutex(s.Session, name)}
+}
+
+type etcdlockMutex struct{ *etcdlock.Mutex }
+
+func (m etcdlockMutex) TryLock(ctx context.Context) error {
+	return lockedErr(m.Mutex.TryLock(ctx), etcdlock.ErrLocked)
+}
+
+type etcdSession struct{ *concurrency.Session }
+
+func (s etcdSession) NewMutex(name string) Mutex {
+	return etcdMutex{concurrency.NewMutex(s.Session, name)}
+}
+
+type etcdMutex struct{ *concurrency.Mutex }
+
+func (m etcdMutex) TryLock(ctx context.Context) error {
+	return lockedErr(m.Mutex.TryLock(ctx), concurrency.ErrLocked)
+}
+
+// lockedErr wraps err with ErrLocked when it is the implementation's own
+// "locked" error.
+func lockedErr(err, implLocked error) error {
+	if errors.Is(err, implLocked) {
+		return fmt.Errorf("%w: %w", ErrLocked, err)
+	}
+	return err
+}
+
+// waiterKey is the key a Mutex of the session with the given lease puts
+// for the lock called name, in both implementations.
+func waiterKey(name string, lease clientv3.LeaseID) string {
+	return fmt.Sprintf("%s/%x", name, int64(lease))
+}

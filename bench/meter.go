@@ -1,0 +1,193 @@
+package bench
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// A Timer is the part of *testing.B a scenario drives, so that a benchmark
+// times only what the scenario measures. The compare command passes nil.
+type Timer interface {
+	StartTimer()
+	StopTimer()
+}
+
+// Result is what one run of a scenario measured, summed over its windows.
+type Result struct {
+	// Ops is the number of operations measured: Lock+Unlock pairs,
+	// TryLocks, acquisitions, or handoffs (see Scenario.Unit).
+	Ops     int64
+	Elapsed time.Duration
+	// RPCs is the number of unary calls plus streams opened by the run's
+	// clients; KeepAlives is how many of those streams were lease
+	// keepalives (they come with time, not with operations).
+	RPCs, KeepAlives int64
+	// Revs is the number of store revisions consumed.
+	Revs int64
+	// Allocs and AllocBytes are the heap allocations of the whole process,
+	// embedded etcd included.
+	Allocs, AllocBytes uint64
+
+	// Queue is set by the FIFO scenarios: the cost of the waiting Mutexes.
+	Queue *QueueCost
+}
+
+// QueueCost is the memory and goroutines that waiting Mutexes take, per
+// waiter. It is measured over the waiters queued after a first few (at
+// least one per client, taking the clients' one-time costs), split in two
+// halves queued one after the other.
+type QueueCost struct {
+	// Waiters is the number of waiters measured.
+	Waiters int64
+	// ClientHeap is the heap in use that was allocated outside the etcd
+	// server (clients, sessions, Mutexes, the goroutines calling Lock),
+	// per waiter, estimated from a densely sampled heap profile.
+	ClientHeap float64
+	// Stack is the goroutine stack memory per waiter: the growth of the
+	// runtime's stack spans, which also keep freed stacks for reuse, so it
+	// is coarse for a short queue.
+	Stack float64
+	// Goroutines per waiter, the one blocked in Lock included.
+	Goroutines float64
+	// ProcessHeap is the heap in use per waiter, etcd server included.
+	ProcessHeap float64
+	// Growth is the client heap per waiter of the second half over that of
+	// the first half: about 1 when a waiter's cost does not depend on the
+	// length of the queue. The heap is sampled, so this is noisy for a
+	// short queue (tens of waiters) and meaningful for a long one.
+	Growth float64
+}
+
+// Add returns the sum of r and o. Queue costs are averaged.
+func (r Result) Add(o Result) Result {
+	s := Result{
+		Ops:        r.Ops + o.Ops,
+		Elapsed:    r.Elapsed + o.Elapsed,
+		RPCs:       r.RPCs + o.RPCs,
+		KeepAlives: r.KeepAlives + o.KeepAlives,
+		Revs:       r.Revs + o.Revs,
+		Allocs:     r.Allocs + o.Allocs,
+		AllocBytes: r.AllocBytes + o.AllocBytes,
+		Queue:      r.Queue,
+	}
+	switch {
+	case s.Queue == nil:
+		s.Queue = o.Queue
+	case o.Queue != nil:
+		q := *r.Queue
+		n, m := float64(r.Queue.Waiters), float64(o.Queue.Waiters)
+		avg := func(a, b float64) float64 { return (a*n + b*m) / (n + m) }
+		q.Waiters += o.Queue.Waiters
+		q.ClientHeap = avg(q.ClientHeap, o.Queue.ClientHeap)
+		q.Stack = avg(q.Stack, o.Queue.Stack)
+		q.Goroutines = avg(q.Goroutines, o.Queue.Goroutines)
+		q.ProcessHeap = avg(q.ProcessHeap, o.Queue.ProcessHeap)
+		q.Growth = avg(q.Growth, o.Queue.Growth)
+		s.Queue = &q
+	}
+	return s
+}
+
+// PerOp returns x divided by the number of operations.
+func (r Result) PerOp(x float64) float64 {
+	if r.Ops == 0 {
+		return 0
+	}
+	return x / float64(r.Ops)
+}
+
+// NsPerOp returns the time per operation in nanoseconds.
+func (r Result) NsPerOp() float64 { return r.PerOp(float64(r.Elapsed)) }
+
+// RPCsPerOp returns the RPCs per operation, lease keepalives excluded.
+func (r Result) RPCsPerOp() float64 { return r.PerOp(float64(r.RPCs - r.KeepAlives)) }
+
+// KeepAlivesPerOp returns the lease keepalive streams opened per operation.
+func (r Result) KeepAlivesPerOp() float64 { return r.PerOp(float64(r.KeepAlives)) }
+
+// RevsPerOp returns the store revisions consumed per operation.
+func (r Result) RevsPerOp() float64 { return r.PerOp(float64(r.Revs)) }
+
+// AllocsPerOp returns the process's heap allocations per operation.
+func (r Result) AllocsPerOp() float64 { return r.PerOp(float64(r.Allocs)) }
+
+// BytesPerOp returns the process's bytes allocated per operation.
+func (r Result) BytesPerOp() float64 { return r.PerOp(float64(r.AllocBytes)) }
+
+// A meter measures windows of a run: elapsed time, RPCs of the run's
+// clients, revisions of the store and allocations of the process. start
+// and stop alternate; they may be called from any goroutine, one at a time.
+type meter struct {
+	env   *Env
+	rpcs  *rpcCount
+	timer Timer // may be nil
+
+	mu     sync.Mutex // guards the fields below
+	res    Result
+	t0     time.Time
+	rpc0   int64
+	ka0    int64
+	rev0   int64
+	alloc0 runtime.MemStats
+}
+
+func newMeter(env *Env, rpcs *rpcCount, timer Timer) *meter {
+	return &meter{env: env, rpcs: rpcs, timer: timer}
+}
+
+// start opens a window. The revision is read before the clock starts.
+func (m *meter) start(ctx context.Context) error {
+	rev, err := m.env.revision(ctx)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.rev0 = rev
+	runtime.ReadMemStats(&m.alloc0)
+	m.rpc0, m.ka0 = m.rpcs.all.Total(), m.rpcs.keepAlive.Load()
+	if m.timer != nil {
+		m.timer.StartTimer()
+	}
+	m.t0 = time.Now()
+	return nil
+}
+
+// stop closes the window opened by start and counts ops operations in it.
+// The revision is read after the clock stopped.
+func (m *meter) stop(ctx context.Context, ops int64) error {
+	m.mu.Lock()
+	elapsed := time.Since(m.t0)
+	if m.timer != nil {
+		m.timer.StopTimer()
+	}
+	rpcs, ka := m.rpcs.all.Total(), m.rpcs.keepAlive.Load()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	m.res.Ops += ops
+	m.res.Elapsed += elapsed
+	m.res.RPCs += rpcs - m.rpc0
+	m.res.KeepAlives += ka - m.ka0
+	m.res.Allocs += ms.Mallocs - m.alloc0.Mallocs
+	m.res.AllocBytes += ms.TotalAlloc - m.alloc0.TotalAlloc
+	rev0 := m.rev0
+	m.mu.Unlock()
+
+	rev, err := m.env.revision(ctx)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.res.Revs += rev - rev0
+	m.mu.Unlock()
+	return nil
+}
+
+// result returns the sums of the windows so far.
+func (m *meter) result() Result {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.res
+}

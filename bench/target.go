@@ -1,0 +1,145 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// A Summary is the median, over rounds, of each per-operation figure of one
+// implementation in one scenario, as benchstat reports medians.
+type Summary struct {
+	Rounds                 int
+	NsPerOp                float64
+	MinNsPerOp, MaxNsPerOp float64
+	RPCsPerOp              float64 // lease keepalives excluded
+	KeepAlivesPerOp        float64
+	RevsPerOp              float64
+	AllocsPerOp            float64
+	BytesPerOp             float64
+	Queue                  *QueueCost // medians; nil but for FIFO scenarios
+}
+
+// Summarize returns the medians of rs, one Result per round.
+func Summarize(rs []Result) Summary {
+	med := func(f func(Result) float64) float64 {
+		xs := make([]float64, len(rs))
+		for i, r := range rs {
+			xs[i] = f(r)
+		}
+		return median(xs)
+	}
+	s := Summary{
+		Rounds:          len(rs),
+		NsPerOp:         med(Result.NsPerOp),
+		RPCsPerOp:       med(Result.RPCsPerOp),
+		KeepAlivesPerOp: med(Result.KeepAlivesPerOp),
+		RevsPerOp:       med(Result.RevsPerOp),
+		AllocsPerOp:     med(Result.AllocsPerOp),
+		BytesPerOp:      med(Result.BytesPerOp),
+	}
+	if len(rs) > 0 {
+		s.MinNsPerOp, s.MaxNsPerOp = math.Inf(1), math.Inf(-1)
+		for _, r := range rs {
+			s.MinNsPerOp = min(s.MinNsPerOp, r.NsPerOp())
+			s.MaxNsPerOp = max(s.MaxNsPerOp, r.NsPerOp())
+		}
+	}
+	if len(rs) > 0 && rs[0].Queue != nil {
+		q := func(f func(*QueueCost) float64) float64 {
+			return med(func(r Result) float64 { return f(r.Queue) })
+		}
+		s.Queue = &QueueCost{
+			Waiters:     rs[0].Queue.Waiters,
+			ClientHeap:  q(func(c *QueueCost) float64 { return c.ClientHeap }),
+			Stack:       q(func(c *QueueCost) float64 { return c.Stack }),
+			Goroutines:  q(func(c *QueueCost) float64 { return c.Goroutines }),
+			ProcessHeap: q(func(c *QueueCost) float64 { return c.ProcessHeap }),
+			Growth:      q(func(c *QueueCost) float64 { return c.Growth }),
+		}
+	}
+	return s
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+// A Target is a goal for this library (ours) against etcd's Mutex
+// (theirs) in one scenario.
+type Target struct {
+	// Text says the goal, e.g. "ratio<=0.25".
+	Text string
+	// Met reports whether the medians meet the goal.
+	Met func(ours, theirs Summary) bool
+}
+
+// RatioAtMost is the goal that our time per operation is at most x times
+// etcd's.
+func RatioAtMost(x float64) Target {
+	return Target{
+		Text: fmt.Sprintf("ratio<=%.2f", x),
+		Met:  func(ours, theirs Summary) bool { return Ratio(ours, theirs) <= x },
+	}
+}
+
+// RPCsEqual is the goal that our operations take exactly n RPCs each (lease
+// keepalives excluded), to the two decimals printed.
+func RPCsEqual(n float64) Target {
+	return Target{
+		Text: fmt.Sprintf("rpcs==%g", n),
+		Met:  func(ours, _ Summary) bool { return math.Abs(ours.RPCsPerOp-n) < 0.005 },
+	}
+}
+
+// RPCsAtMost is the goal that our operations take at most n RPCs each
+// (lease keepalives excluded).
+func RPCsAtMost(n float64) Target {
+	return Target{
+		Text: fmt.Sprintf("rpcs<=%g", n),
+		Met:  func(ours, _ Summary) bool { return ours.RPCsPerOp < n+0.005 },
+	}
+}
+
+// RevsEqual is the goal that our operations consume exactly n revisions
+// each.
+func RevsEqual(n float64) Target {
+	return Target{
+		Text: fmt.Sprintf("revs==%g", n),
+		Met:  func(ours, _ Summary) bool { return math.Abs(ours.RevsPerOp-n) < 0.005 },
+	}
+}
+
+// ConstantMemory is the goal that a waiting Mutex's client memory does not
+// grow with the queue: the waiters of the second half of the queue take at
+// most x times what those of the first half took.
+func ConstantMemory(x float64) Target {
+	return Target{
+		Text: fmt.Sprintf("mem O(1) (2nd/1st half<=%.1f)", x),
+		Met: func(ours, _ Summary) bool {
+			return ours.Queue != nil && ours.Queue.Growth <= x
+		},
+	}
+}
+
+// Ratio returns our time per operation over etcd's.
+func Ratio(ours, theirs Summary) float64 { return ours.NsPerOp / theirs.NsPerOp }
+
+// Check returns the texts of the targets of sc that ours and theirs miss.
+func Check(sc Scenario, ours, theirs Summary) (missed []string) {
+	for _, t := range sc.Targets {
+		if !t.Met(ours, theirs) {
+			missed = append(missed, t.Text)
+		}
+	}
+	return missed
+}
