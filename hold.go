@@ -149,34 +149,33 @@ func (m *Mutex) lose(h *hold, cause error) {
 // watchHold ends h when its key is deleted, its session ends or its max
 // hold passes; it returns when ctx (stopped by Unlock) ends or h is lost.
 func (m *Mutex) watchHold(ctx context.Context, h *hold) {
-	var maxc <-chan time.Time
+	// The session's end and the max hold deadline end the hold whatever
+	// the watch is doing, even blocked on a link that is cut.
+	ctx, cancel := m.s.bound(ctx)
+	defer cancel()
 	if !h.maxDeadline.IsZero() {
-		t := time.NewTimer(time.Until(h.maxDeadline.Add(-m.s.expiryMargin())))
-		defer t.Stop()
-		maxc = t.C
+		var cancelMax context.CancelFunc
+		ctx, cancelMax = context.WithDeadlineCause(ctx, h.maxDeadline.Add(-m.s.expiryMargin()), errMaxHold)
+		defer cancelMax()
 	}
 	backoff := 50 * time.Millisecond
 	for {
-		if lost := m.watchKey(ctx, h, maxc); lost != nil {
+		if lost := m.watchKey(ctx, h); lost != nil {
 			m.lose(h, lost)
-			return
-		}
-		if ctx.Err() != nil {
 			return
 		}
 		// The watch broke (no leader, stream lost, compaction on resume):
 		// look again after a pause. If etcd stays out of reach, the
 		// session's deadline ends the hold in time.
+		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
-			return
-		case <-m.s.donec:
-			m.lose(h, m.s.Err())
-			return
-		case <-maxc:
-			m.lose(h, errMaxHold)
-			return
-		case <-time.After(backoff):
+			t.Stop()
+			if cause := context.Cause(ctx); errors.Is(cause, errMaxHold) || errors.Is(cause, ErrSessionExpired) {
+				m.lose(h, cause)
+			}
+			return // else Unlock stopped the watch
+		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
 	}
@@ -184,14 +183,11 @@ func (m *Mutex) watchHold(ctx context.Context, h *hold) {
 
 // watchKey watches h's key from now, checks it is still h's, and waits. It
 // returns the cause of a loss, or nil when ctx ended or the watch broke.
-func (m *Mutex) watchKey(ctx context.Context, h *hold, maxc <-chan time.Time) (lost error) {
+func (m *Mutex) watchKey(ctx context.Context, h *hold) (lost error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	ch, _, err := m.openWatch(wctx, m.key)
 	if err != nil {
-		if errors.Is(err, ErrSessionExpired) {
-			return err
-		}
 		return nil
 	}
 	// The watch starts now; one read covers the time before it.
@@ -206,10 +202,6 @@ func (m *Mutex) watchKey(ctx context.Context, h *hold, maxc <-chan time.Time) (l
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-m.s.donec:
-			return m.s.Err()
-		case <-maxc:
-			return errMaxHold
 		case wr, ok := <-ch:
 			if !ok || wr.Err() != nil {
 				return nil

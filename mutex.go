@@ -76,7 +76,8 @@ func NewMutex(s *Session, name string, opts ...MutexOption) *Mutex {
 // Lock blocks until the lock is held, ctx ends, or the session ends.
 //
 // On failure Lock leaves no key under the lock's prefix (if etcd cannot be
-// reached to remove it, the key goes with the session's lease) and returns
+// reached to remove it, or the session has ended, the key goes with the
+// session's lease) and returns
 // ctx's error (errors.Is(err, context.DeadlineExceeded) or
 // context.Canceled), an error matching ErrSessionExpired, ErrInvalidName,
 // or etcd's error. If the lock was granted just as ctx ended, it is released
@@ -100,20 +101,23 @@ func (m *Mutex) lock(ctx context.Context, wait bool) error {
 	if err := m.s.Err(); err != nil {
 		return err
 	}
-	release, err := m.s.acquireName(ctx, m.name, wait)
+	// Stop waiting, and stop any RPC, as soon as the session ends.
+	bctx, cancel := m.s.bound(ctx)
+	defer cancel()
+	release, err := m.s.acquireName(bctx, m.name, wait)
 	if err != nil {
-		return err
+		return m.cause(ctx, err)
 	}
 	var rev int64
 	var hdr *pb.ResponseHeader
 	if wait {
-		rev, hdr, err = m.acquire(ctx)
+		rev, hdr, err = m.acquire(bctx)
 	} else {
-		rev, hdr, err = m.tryAcquire(ctx)
+		rev, hdr, err = m.tryAcquire(bctx)
 	}
 	if err != nil {
 		release()
-		return err
+		return m.cause(ctx, err)
 	}
 	h := &hold{rev: rev, hdr: hdr, release: release, done: make(chan struct{})}
 	if m.opts.maxHold > 0 {
@@ -184,8 +188,8 @@ func (m *Mutex) acquire(ctx context.Context) (rev int64, hdr *pb.ResponseHeader,
 
 // opQueue reads the newest keys under the prefix, newest first, with a
 // create revision of at most maxRev (no bound when 0).
-func (m *Mutex) opQueue(maxRev int64) clientv3.Op {
-	return clientv3.OpGet(m.pfx, queueOpts(clientv3.SortDescend, maxRev, 0)...)
+func (m *Mutex) opQueue(maxRev int64, extra ...clientv3.OpOption) clientv3.Op {
+	return clientv3.OpGet(m.pfx, append(queueOpts(clientv3.SortDescend, maxRev, 0), extra...)...)
 }
 
 // queueOpts are the options of a range over the queue in create-revision
@@ -404,12 +408,27 @@ func (m *Mutex) Token() int64 {
 	return m.h.rev
 }
 
+// cause returns err, or the session's end when that is what stopped a call
+// made with ctx bound to the session.
+func (m *Mutex) cause(ctx context.Context, err error) error {
+	if serr := m.s.Err(); serr != nil && ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
+		return serr
+	}
+	return err
+}
+
 // fail removes this Mutex's key after a failed Lock and returns err (joined
 // with the cleanup's error if that failed too). rev is the key's create
 // revision, or 0 when it is unknown because a Txn's outcome is unknown: then
 // the key is deleted by name, which is safe because the session-local name
 // lock makes this call the only user of the key in the process.
+//
+// When the session has ended, the key is left to its lease: Close revoked
+// it, or it is expiring, and etcd may be out of reach.
 func (m *Mutex) fail(ctx context.Context, rev int64, err error) error {
+	if m.s.Err() != nil {
+		return err
+	}
 	// Clean up with a context that is not the cancelled one.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()

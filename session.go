@@ -33,6 +33,11 @@ type Session struct {
 	ttl   time.Duration // TTL etcd granted
 	donec chan struct{} // closed when the session ends
 
+	// endCtx is cancelled when the session ends, with the reason as cause,
+	// so that RPCs made for the session's locks stop with it.
+	endCtx    context.Context
+	endCancel context.CancelCauseFunc
+
 	stop     context.CancelFunc // stops the keepalive loop
 	loopDone chan struct{}      // closed when the keepalive loop returned
 
@@ -84,15 +89,18 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	}
 
 	ctx, stop := context.WithCancel(o.ctx)
+	endCtx, endCancel := context.WithCancelCause(context.Background())
 	s := &Session{
-		cli:      cli,
-		id:       id,
-		ttl:      ttl,
-		donec:    make(chan struct{}),
-		stop:     stop,
-		loopDone: make(chan struct{}),
-		deadline: sent.Add(left),
-		names:    make(map[string]*nameLock),
+		endCtx:    endCtx,
+		endCancel: endCancel,
+		cli:       cli,
+		id:        id,
+		ttl:       ttl,
+		donec:     make(chan struct{}),
+		stop:      stop,
+		loopDone:  make(chan struct{}),
+		deadline:  sent.Add(left),
+		names:     make(map[string]*nameLock),
 	}
 	go s.keepAlive(ctx)
 	return s, nil
@@ -167,6 +175,7 @@ func (s *Session) end(err error) {
 	}
 	s.err = err
 	close(s.donec)
+	s.endCancel(err)
 }
 
 // expiryMargin is how long before the computed end of its lease a session
@@ -232,6 +241,18 @@ func (s *Session) shuttingDown() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closed
+}
+
+// bound returns a context that ends with ctx or with the session, whichever
+// comes first, and its cancel function. Calls that block for a lock use it,
+// so that no RPC outlives the session that made it.
+func (s *Session) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	bctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.endCtx, func() { cancel(context.Cause(s.endCtx)) })
+	return bctx, func() {
+		stop()
+		cancel(nil)
+	}
 }
 
 // lost ends the session because etcd says its lease is gone.

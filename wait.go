@@ -53,7 +53,7 @@ func (m *Mutex) wait(ctx context.Context, rev int64, pred string, readRev int64)
 		case <-t.C:
 		}
 		backoff = min(2*backoff, maxBackoff)
-		if hdr, pred, err = m.check(ctx, rev); err != nil || pred == "" {
+		if hdr, pred, err = m.check(ctx, rev, 0); err != nil || pred == "" {
 			return hdr, err
 		}
 		readRev = hdr.Revision
@@ -91,7 +91,7 @@ func (m *Mutex) watchTurn(ctx context.Context, rev int64, pred string, readRev i
 		// and only when the gap is not empty.
 		watchedFrom = max(watchedFrom, predRev)
 		if watchedFrom > readRev {
-			hdr, next, err := m.check(ctx, rev)
+			hdr, next, err := m.check(ctx, rev, watchedFrom)
 			if err != nil || next == "" {
 				pcancel()
 				return hdr, err
@@ -107,7 +107,7 @@ func (m *Mutex) watchTurn(ctx context.Context, rev int64, pred string, readRev i
 		if m.testHookWait != nil {
 			m.testHookWait(pred)
 		}
-		deleted, err := m.waitDelete(ctx, own, predCh)
+		deleted, at, err := m.waitDelete(ctx, own, predCh)
 		pcancel()
 		if err != nil {
 			return nil, err
@@ -118,7 +118,7 @@ func (m *Mutex) watchTurn(ctx context.Context, rev int64, pred string, readRev i
 		// The predecessor is gone (released, expired, or left the queue).
 		// One round trip checks that our key is still ours and finds who,
 		// if anyone, is now ahead.
-		hdr, next, err := m.check(ctx, rev)
+		hdr, next, err := m.check(ctx, rev, at)
 		if err != nil || next == "" {
 			return hdr, err
 		}
@@ -141,8 +141,9 @@ func (m *Mutex) openWatch(ctx context.Context, key string) (clientv3.WatchChan, 
 	}
 }
 
-// waitDelete returns the key of the first deletion seen on own or pred.
-func (m *Mutex) waitDelete(ctx context.Context, own, pred clientv3.WatchChan) (string, error) {
+// waitDelete returns the key and revision of the first deletion seen on own
+// or pred.
+func (m *Mutex) waitDelete(ctx context.Context, own, pred clientv3.WatchChan) (string, int64, error) {
 	for {
 		var wr clientv3.WatchResponse
 		var ok bool
@@ -150,16 +151,16 @@ func (m *Mutex) waitDelete(ctx context.Context, own, pred clientv3.WatchChan) (s
 		case wr, ok = <-own:
 		case wr, ok = <-pred:
 		case <-ctx.Done():
-			return "", ctx.Err()
+			return "", 0, ctx.Err()
 		case <-m.s.donec:
-			return "", m.s.Err()
+			return "", 0, m.s.Err()
 		}
 		if !ok || wr.Err() != nil {
-			return "", m.watchErr(ctx, wr)
+			return "", 0, m.watchErr(ctx, wr)
 		}
 		for _, ev := range wr.Events {
 			if ev.Type == mvccpb.DELETE {
-				return string(ev.Kv.Key), nil
+				return string(ev.Kv.Key), ev.Kv.ModRevision, nil
 			}
 		}
 	}
@@ -176,13 +177,32 @@ func (m *Mutex) watchErr(ctx context.Context, wr clientv3.WatchResponse) error {
 // check reads, in one round trip, whether the key created at rev is still
 // ours and which key, if any, is now just ahead of it ("" when none: the
 // lock is ours).
-func (m *Mutex) check(ctx context.Context, rev int64) (*pb.ResponseHeader, string, error) {
-	resp, err := m.s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev)).
-		Then(m.opQueue(rev - 1)).
-		Commit()
-	if err != nil {
-		return nil, "", m.rpcErr(err)
+//
+// The answer must reflect the store at minRev or later (the deletion or
+// watch creation that prompted the check), and nothing more: keys created
+// later are behind ours, so a state at any revision from minRev on gives
+// the same verdict as the newest. That lets a member answer from its own
+// state (a serializable read, no round trip to the leader) whenever it has
+// applied minRev; a member that lags is asked again linearizably. With
+// minRev 0 the read is linearizable at once.
+func (m *Mutex) check(ctx context.Context, rev, minRev int64) (*pb.ResponseHeader, string, error) {
+	cmp := clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev)
+	var resp *clientv3.TxnResponse
+	if minRev > 0 {
+		r, err := m.s.cli.Txn(ctx).If(cmp).Then(m.opQueue(rev-1, clientv3.WithSerializable())).Commit()
+		if err != nil {
+			return nil, "", m.rpcErr(err)
+		}
+		if r.Header.Revision >= minRev {
+			resp = r
+		}
+	}
+	if resp == nil {
+		r, err := m.s.cli.Txn(ctx).If(cmp).Then(m.opQueue(rev - 1)).Commit()
+		if err != nil {
+			return nil, "", m.rpcErr(err)
+		}
+		resp = r
 	}
 	if !resp.Succeeded {
 		return nil, "", m.lostWhileWaiting(ctx)
