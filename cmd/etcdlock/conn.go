@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// connFlags are the etcdctl connection settings shared by run and status.
+type connFlags struct {
+	endpoints   string
+	user        string
+	password    string
+	cacert      string
+	cert        string
+	key         string
+	dialTimeout time.Duration
+}
+
+// connEnv maps each connection flag to the etcdctl environment variable
+// that sets it when the flag is not given.
+var connEnv = []struct{ flag, env string }{
+	{"endpoints", "ETCDCTL_ENDPOINTS"},
+	{"user", "ETCDCTL_USER"},
+	{"password", "ETCDCTL_PASSWORD"},
+	{"cacert", "ETCDCTL_CACERT"},
+	{"cert", "ETCDCTL_CERT"},
+	{"key", "ETCDCTL_KEY"},
+	{"dial-timeout", "ETCDCTL_DIAL_TIMEOUT"},
+}
+
+const connHelp = `
+Connection flags are etcdctl's. Each flag not given is read from its
+environment variable: ETCDCTL_ENDPOINTS, ETCDCTL_USER, ETCDCTL_PASSWORD,
+ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_DIAL_TIMEOUT.
+`
+
+func (c *connFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.endpoints, "endpoints", "127.0.0.1:2379", "comma-separated etcd `endpoints`")
+	fs.StringVar(&c.user, "user", "", "etcd user as `user:password`, or user with --password")
+	fs.StringVar(&c.password, "password", "", "`password` of --user")
+	fs.StringVar(&c.cacert, "cacert", "", "verify etcd's TLS certificate with this CA `file`")
+	fs.StringVar(&c.cert, "cert", "", "TLS client certificate `file`")
+	fs.StringVar(&c.key, "key", "", "TLS client key `file`")
+	fs.DurationVar(&c.dialTimeout, "dial-timeout", 2*time.Second, "give up reaching etcd after this `duration`")
+}
+
+// applyEnv sets each connection flag not given on the command line from
+// its ETCDCTL_* variable, if that is set and not empty.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	given := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, e := range connEnv {
+		v := getenv(e.env)
+		if given[e.flag] || v == "" {
+			continue
+		}
+		if err := fs.Set(e.flag, v); err != nil {
+			return fmt.Errorf("%s=%q: %v", e.env, v, err)
+		}
+	}
+	return nil
+}
+
+// endpointList returns the endpoints, split and trimmed.
+func (c *connFlags) endpointList() []string {
+	var eps []string
+	for ep := range strings.SplitSeq(c.endpoints, ",") {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			eps = append(eps, ep)
+		}
+	}
+	return eps
+}
+
+// check validates the settings that need no file or network: a usage
+// error if one is wrong.
+func (c *connFlags) check() error {
+	if len(c.endpointList()) == 0 {
+		return errors.New("no etcd endpoints given")
+	}
+	if c.dialTimeout <= 0 {
+		return fmt.Errorf("--dial-timeout must be positive, not %v", c.dialTimeout)
+	}
+	if _, _, err := c.credentials(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// credentials returns the user name and password, splitting user:password
+// as etcdctl does when --password is not given.
+func (c *connFlags) credentials() (user, password string, err error) {
+	switch {
+	case c.user == "" && c.password != "":
+		return "", "", errors.New("--password needs --user")
+	case c.user == "" || c.password != "":
+		return c.user, c.password, nil
+	}
+	user, password, ok := strings.Cut(c.user, ":")
+	if !ok || user == "" {
+		return "", "", fmt.Errorf("--user %q has no password: give user:password, or --password", c.user)
+	}
+	return user, password, nil
+}
+
+// connect returns a client of the endpoints that has answered a read of
+// probeKey within the dial timeout: clientv3.New alone does not fail on
+// unreachable endpoints. Failures are exitErrors with exitConnect.
+func (c *connFlags) connect(ctx context.Context, probeKey string) (*clientv3.Client, error) {
+	cfg, err := c.clientConfig()
+	if err != nil {
+		return nil, failf(exitConnect, "%v", err)
+	}
+	where := strings.Join(cfg.Endpoints, ",")
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, connectErr(where, c.dialTimeout, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, c.dialTimeout)
+	defer cancel()
+	if _, err := cli.Get(pctx, probeKey, clientv3.WithCountOnly()); err != nil {
+		cli.Close()
+		return nil, connectErr(where, c.dialTimeout, err)
+	}
+	return cli, nil
+}
+
+// clientConfig returns the client configuration; it fails if the TLS
+// files cannot be loaded.
+func (c *connFlags) clientConfig() (clientv3.Config, error) {
+	user, password, err := c.credentials()
+	if err != nil {
+		return clientv3.Config{}, err
+	}
+	cfg := clientv3.Config{
+		Endpoints:   c.endpointList(),
+		DialTimeout: c.dialTimeout,
+		Username:    user,
+		Password:    password,
+		Logger:      zap.NewNop(), // errors reach the user as one line each
+	}
+	if c.cacert != "" || c.cert != "" || c.key != "" {
+		tlsInfo := transport.TLSInfo{TrustedCAFile: c.cacert, CertFile: c.cert, KeyFile: c.key}
+		tlsCfg, err := tlsInfo.ClientConfig()
+		if err != nil {
+			return clientv3.Config{}, fmt.Errorf("TLS setup: %v", err)
+		}
+		cfg.TLS = tlsCfg
+	}
+	return cfg, nil
+}
+
+func connectErr(where string, timeout time.Duration, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return failf(exitConnect, "cannot reach etcd at %s within %v (--dial-timeout)", where, timeout)
+	}
+	return failf(exitConnect, "cannot use etcd at %s: %v", where, err)
+}
+
+// setupConn applies the environment to the connection flags and checks
+// them.
+func setupConn(fs *flag.FlagSet, c *connFlags, command string) error {
+	if err := applyEnv(fs, os.Getenv); err != nil {
+		return usageErr(command, "%v", err)
+	}
+	if err := c.check(); err != nil {
+		return usageErr(command, "%v", err)
+	}
+	return nil
+}

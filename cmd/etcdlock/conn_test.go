@@ -1,0 +1,257 @@
+package main
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseArgs(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		ttl  time.Duration
+		rest []string
+	}{
+		{[]string{"--ttl", "5s", "n", "--", "cmd", "-x"}, 5 * time.Second, []string{"cmd", "-x"}},
+		{[]string{"n", "--ttl", "5s", "--", "cmd"}, 5 * time.Second, []string{"cmd"}},
+		{[]string{"n", "--ttl=5s", "cmd", "--ttl", "1s"}, 5 * time.Second, []string{"cmd", "--ttl", "1s"}},
+		{[]string{"n", "cmd", "arg"}, time.Second, []string{"cmd", "arg"}},
+		{[]string{"--", "n", "cmd"}, time.Second, []string{"cmd"}},
+		{[]string{"n", "--", "--", "cmd"}, time.Second, []string{"--", "cmd"}},
+	} {
+		fs := newFlagSet("run")
+		ttl := fs.Duration("ttl", time.Second, "")
+		pos, rest, err := parseArgs(fs, tc.args, 1, "", nil)
+		require.NoError(t, err, "%q", tc.args)
+		require.Equal(t, []string{"n"}, pos, "%q", tc.args)
+		require.Equal(t, tc.ttl, *ttl, "%q", tc.args)
+		require.Equal(t, tc.rest, rest, "%q", tc.args)
+	}
+}
+
+// Flags win over the ETCDCTL_* variables, which fill in the rest.
+func TestApplyEnv(t *testing.T) {
+	fs := newFlagSet("status")
+	var c connFlags
+	c.register(fs)
+	require.NoError(t, fs.Parse([]string{"--endpoints", "flag:2379", "--dial-timeout=3s"}))
+	env := map[string]string{
+		"ETCDCTL_ENDPOINTS":    "env:2379",
+		"ETCDCTL_DIAL_TIMEOUT": "9s",
+		"ETCDCTL_USER":         "u:p",
+		"ETCDCTL_CACERT":       "/ca.pem",
+		"ETCDCTL_CERT":         "/cert.pem",
+		"ETCDCTL_KEY":          "/key.pem",
+	}
+	require.NoError(t, applyEnv(fs, func(k string) string { return env[k] }))
+	require.Equal(t, []string{"flag:2379"}, c.endpointList())
+	require.Equal(t, 3*time.Second, c.dialTimeout)
+	require.Equal(t, "u:p", c.user)
+	require.Equal(t, "/ca.pem", c.cacert)
+	require.Equal(t, "/cert.pem", c.cert)
+	require.Equal(t, "/key.pem", c.key)
+	user, pw, err := c.credentials()
+	require.NoError(t, err)
+	require.Equal(t, []string{"u", "p"}, []string{user, pw})
+
+	fs = newFlagSet("status")
+	c.register(fs)
+	env = map[string]string{"ETCDCTL_DIAL_TIMEOUT": "soon"}
+	err = applyEnv(fs, func(k string) string { return env[k] })
+	require.ErrorContains(t, err, `ETCDCTL_DIAL_TIMEOUT="soon"`)
+}
+
+func TestCredentials(t *testing.T) {
+	for _, tc := range []struct {
+		user, password     string
+		wantUser, wantPass string
+		err                string
+	}{
+		{"", "", "", "", ""},
+		{"root:pw", "", "root", "pw", ""},
+		{"root:pw:with:colons", "", "root", "pw:with:colons", ""},
+		{"root", "pw", "root", "pw", ""},
+		{"odd:name", "pw", "odd:name", "pw", ""}, // as etcdctl: --password takes --user whole
+		{"root", "", "", "", "has no password"},
+		{":pw", "", "", "", "has no password"},
+		{"", "pw", "", "", "--password needs --user"},
+	} {
+		c := connFlags{user: tc.user, password: tc.password}
+		u, p, err := c.credentials()
+		if tc.err != "" {
+			require.ErrorContains(t, err, tc.err)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, tc.wantUser, u)
+		require.Equal(t, tc.wantPass, p)
+	}
+}
+
+// The TLS flags load a CA and a client certificate with etcd's transport
+// package; files that cannot be loaded are a connection error, code 3.
+func TestTLSConfig(t *testing.T) {
+	dir := t.TempDir()
+	ca, cert, key := writeTestCerts(t, dir)
+
+	c := connFlags{endpoints: "https://127.0.0.1:2379", dialTimeout: time.Second, cacert: ca, cert: cert, key: key}
+	cfg, err := c.clientConfig()
+	require.NoError(t, err)
+	require.NotNil(t, cfg.TLS)
+	require.NotNil(t, cfg.TLS.RootCAs)
+	require.NotNil(t, cfg.TLS.GetClientCertificate)
+
+	c = connFlags{endpoints: "https://127.0.0.1:2379", dialTimeout: time.Second, cacert: ca}
+	cfg, err = c.clientConfig()
+	require.NoError(t, err)
+	require.NotNil(t, cfg.TLS.RootCAs)
+
+	c = connFlags{endpoints: "127.0.0.1:2379", dialTimeout: time.Second, cert: cert}
+	_, err = c.clientConfig()
+	require.ErrorContains(t, err, "TLS setup")
+
+	r := runProc(t, nil, "status", "--cacert", filepath.Join(dir, "missing.pem"), ep(), "n")
+	require.Equal(t, exitConnect, r.code)
+	requireOneLineError(t, r, "TLS setup")
+	r = runProc(t, []string{"ETCDCTL_CACERT=" + filepath.Join(dir, "missing.pem")}, "status", ep(), "n")
+	require.Equal(t, exitConnect, r.code)
+	requireOneLineError(t, r, "TLS setup")
+}
+
+// writeTestCerts writes a self-signed CA and a client certificate signed
+// by it, and returns the paths of the CA, the certificate and its key.
+func writeTestCerts(t *testing.T, dir string) (ca, cert, key string) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "etcdlock test CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		KeyUsage:              x509.KeyUsageCertSign,
+		BasicConstraintsValid: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	require.NoError(t, err)
+	cliKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	cliTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "etcdlock test client"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	cliDER, err := x509.CreateCertificate(rand.Reader, cliTmpl, caTmpl, &cliKey.PublicKey, caKey)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalECPrivateKey(cliKey)
+	require.NoError(t, err)
+
+	write := func(name, typ string, der []byte) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600))
+		return path
+	}
+	return write("ca.pem", "CERTIFICATE", caDER), write("client.pem", "CERTIFICATE", cliDER), write("client-key.pem", "EC PRIVATE KEY", keyDER)
+}
+
+// --user and the ETCDCTL_USER/ETCDCTL_PASSWORD variables authenticate; a
+// wrong password is a connection error, code 3.
+func TestAuth(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.Start(t, 1)
+	cli := c.Client(t)
+	require.NoError(t, etcdtest.EnableAuth(t.Context(), cli, "secret"))
+	eps := "--endpoints=" + c.Endpoint(0)
+	name := lockName(t)
+
+	r := runProc(t, nil, "run", eps, "--user", "root:secret", name, "--", "true")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = runProc(t, []string{"ETCDCTL_USER=root", "ETCDCTL_PASSWORD=secret"}, "status", eps, name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "is free")
+
+	r = runProc(t, nil, "run", eps, "--user", "root", "--password", "wrong", name, "--", "true")
+	require.Equal(t, exitConnect, r.code)
+	requireOneLineError(t, r, "authentication failed")
+	r = runProc(t, nil, "status", eps, name)
+	require.Equal(t, exitConnect, r.code)
+	requireOneLineError(t, r, "cannot use etcd at")
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader, that
+// tells when it was written to.
+type syncBuffer struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	changed chan struct{} // closed and replaced by each Write
+}
+
+func newSyncBuffer() *syncBuffer { return &syncBuffer{changed: make(chan struct{})} }
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	close(b.changed)
+	b.changed = make(chan struct{})
+	return b.buf.Write(p)
+}
+
+// read returns the contents and a channel closed by the next Write.
+func (b *syncBuffer) read() (string, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String(), b.changed
+}
+
+// On a terminal the progress is one line, rewritten in place, and cleared
+// at the end.
+func TestProgressTerminal(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holder, _ := holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	wt := startWaiter(t, cli, name)
+	w.next(t)
+
+	out := newSyncBuffer()
+	p := startProgress(cli, name, wt.m.Key(), out, true, time.Now())
+	want := "\r\x1b[Ketcdlock: waiting for lock \"" + name + "\": queue position 1 of 1, waited "
+	deadline := time.After(procTimeout)
+	for { // until the line was rewritten in place
+		got, changed := out.read()
+		if strings.Count(got, want) >= 2 {
+			break
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("progress: %q", got)
+		case <-changed:
+		}
+	}
+	require.True(t, p.stop())
+	got, _ := out.read()
+	require.NotContains(t, got, "\n")
+	require.True(t, strings.HasSuffix(got, "\r\x1b[K"), "line not cleared: %q", got)
+
+	require.NoError(t, holder.Unlock(t.Context()))
+	wt.unlock(t)
+}

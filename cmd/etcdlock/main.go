@@ -1,0 +1,251 @@
+// Command etcdlock takes fair distributed locks on etcd from the shell.
+//
+// Usage:
+//
+//	etcdlock demo                              three clients take turns on one lock, on an embedded etcd
+//	etcdlock run [flags] NAME -- CMD [ARGS...] hold the lock NAME while CMD runs
+//	etcdlock status [flags] NAME               show the holder and the waiters of NAME
+//
+// Locks are those of package etcdlock: the key NAME/<lease ID in hex>, bound
+// to a lease the process keeps alive, the layout of `etcdctl lock`, so both
+// tools and etcd's concurrency.Mutex share a lock name. Waiters get the lock
+// first come, first served. A holder that dies loses the lock at most its
+// TTL later. The fencing token of a hold is its key's create revision; it
+// rises from one holder to the next.
+//
+// run acquires NAME, runs CMD with ETCDLOCK_NAME, ETCDLOCK_KEY,
+// ETCDLOCK_TOKEN and ETCDLOCK_LEASE (and etcdctl's ETCD_LOCK_KEY and
+// ETCD_LOCK_REV) in its environment, and releases NAME when CMD exits. If
+// the lock is lost while CMD runs (its key was deleted, or the lease could
+// not be renewed within its TTL), CMD gets SIGTERM, then SIGKILL after
+// --grace. SIGINT, SIGTERM and SIGHUP to etcdlock are passed on to CMD; while
+// etcdlock still waits, they make it leave the queue and exit.
+//
+// Unless its standard input is the terminal etcdlock runs in the foreground
+// of, CMD runs in a process group of its own: forwarded signals and the
+// signals of a lost lock reach CMD's children too. With the terminal as
+// standard input CMD stays in etcdlock's process group so that it can use
+// the terminal; Ctrl-C then reaches CMD from the terminal itself and etcdlock
+// does not send it a second SIGINT, and a lost lock signals CMD alone.
+//
+// Connection flags are etcdctl's: --endpoints, --user, --password,
+// --cacert, --cert, --key and --dial-timeout, each also read from the
+// matching ETCDCTL_* environment variable when the flag is not given.
+//
+// Exit codes:
+//
+//	0        success; for run: CMD's own exit code
+//	1        an error from etcd or the system not covered below
+//	2        usage: unknown flag, missing NAME or CMD, bad value
+//	3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
+//	4        run --try: the lock is held or has waiters
+//	5        run --timeout: gave up waiting
+//	6        run: the lock was lost while CMD ran (CMD was stopped)
+//	126      run: CMD cannot be executed
+//	127      run: CMD not found
+//	128+N    run: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),
+//	         or CMD was killed by signal N
+//
+// Once CMD runs, etcdlock exits with CMD's code, which may be any of these;
+// etcdlock's own failures are also reported on standard error, each on one
+// line starting with "etcdlock:".
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// Exit codes; see the package comment.
+const (
+	exitOK         = 0
+	exitFailure    = 1
+	exitUsage      = 2
+	exitConnect    = 3
+	exitHeld       = 4
+	exitTimeout    = 5
+	exitLost       = 6
+	exitCannotExec = 126
+	exitNotFound   = 127
+	exitSignalBase = 128
+)
+
+const exitCodesHelp = `Exit codes:
+  0        success; for run: CMD's own exit code
+  1        an error from etcd or the system not covered below
+  2        usage: unknown flag, missing NAME or CMD, bad value
+  3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
+  4        run --try: the lock is held or has waiters
+  5        run --timeout: gave up waiting
+  6        run: the lock was lost while CMD ran (CMD was stopped)
+  126      run: CMD cannot be executed
+  127      run: CMD not found
+  128+N    run: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),
+           or CMD was killed by signal N
+`
+
+const mainUsage = `etcdlock takes fair distributed locks on etcd.
+
+Usage:
+  etcdlock demo                               three clients take turns on one lock,
+                                              on an embedded etcd: no setup needed
+  etcdlock run [flags] NAME -- CMD [ARGS...]  hold the lock NAME while CMD runs
+  etcdlock status [flags] NAME                show the holder and waiters of NAME
+  etcdlock help [COMMAND]                     show help
+
+Locks are keys NAME/<lease ID in hex>, the layout of 'etcdctl lock': both tools
+share lock names. Waiters get the lock first come, first served; a holder that
+dies loses it at most its TTL later.
+
+` + exitCodesHelp
+
+// An exitError ends the program with code, after printing err (if not nil)
+// on standard error.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// failf returns an exitError with code and a message.
+func failf(code int, format string, args ...any) error {
+	return &exitError{code: code, err: fmt.Errorf(format, args...)}
+}
+
+// exitWith returns an exitError that ends the program with code silently.
+func exitWith(code int) error { return &exitError{code: code} }
+
+// usageErr reports bad usage of command (one line, pointing at its help).
+func usageErr(command string, format string, args ...any) error {
+	hint := "etcdlock --help"
+	if command != "" {
+		hint = "etcdlock " + command + " --help"
+	}
+	return failf(exitUsage, "%s (see '%s')", fmt.Sprintf(format, args...), hint)
+}
+
+func main() {
+	os.Exit(runMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// runMain runs the command line args and returns the exit code.
+func runMain(args []string, stdout, stderr io.Writer) int {
+	err := dispatch(args, stdout, stderr)
+	if err == nil {
+		return exitOK
+	}
+	code := exitFailure
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+		err = ee.err
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "etcdlock: %s\n", oneLine(err.Error()))
+	}
+	return code
+}
+
+// oneLine keeps a message to one line: etcd and gRPC errors can span
+// several.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+func dispatch(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, mainUsage)
+		return exitWith(exitUsage)
+	}
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "demo":
+		return cmdDemo(rest, stdout, stderr)
+	case "run":
+		return cmdRun(rest, stdout, stderr)
+	case "status":
+		return cmdStatus(rest, stdout)
+	case demoHolderCmd:
+		return cmdDemoHolder(rest, stdout)
+	case "help", "-h", "-help", "--help":
+		if len(rest) > 0 && rest[0] != "help" {
+			return dispatch([]string{rest[0], "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, mainUsage)
+		return nil
+	default:
+		return usageErr("", "unknown command %q", cmd)
+	}
+}
+
+// newFlagSet returns a flag set that reports errors to its caller instead
+// of printing them: parse prints help for --help and turns errors into one
+// line.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("etcdlock "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parseArgs parses flags placed before, between and after the first n
+// positional arguments, and returns those arguments and what follows them
+// (after an optional "--"). For --help it prints help to stdout and returns
+// an exitError with code 0.
+func parseArgs(fs *flag.FlagSet, args []string, n int, help string, stdout io.Writer) (pos, rest []string, err error) {
+	command := strings.TrimPrefix(fs.Name(), "etcdlock ")
+	parse := func(args []string) error {
+		err := fs.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			printHelp(fs, help, stdout)
+			return exitWith(exitOK)
+		}
+		if err != nil {
+			return usageErr(command, "%v", err)
+		}
+		return nil
+	}
+	if err := parse(args); err != nil {
+		return nil, nil, err
+	}
+	for len(pos) < n && fs.NArg() > 0 {
+		pos = append(pos, fs.Arg(0))
+		if err := parse(fs.Args()[1:]); err != nil {
+			return nil, nil, err
+		}
+	}
+	return pos, fs.Args(), nil
+}
+
+// printHelp prints a command's help text with its flags.
+func printHelp(fs *flag.FlagSet, help string, w io.Writer) {
+	fmt.Fprint(w, help)
+	fmt.Fprintln(w, "\nFlags (-flag and --flag are the same):")
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
+// fmtDur formats d for people: milliseconds below a second, tenths of a
+// second below a minute.
+func fmtDur(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}

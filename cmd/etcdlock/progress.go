@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// progressInterval is how often a waiting run reads the queue to show its
+// place. The read is one serializable range, keys only, on the side: the
+// lock itself waits on watches and never on this.
+const progressInterval = 500 * time.Millisecond
+
+// A progress shows, while run waits, its place in the queue and how long
+// it has waited: one line rewritten in place on a terminal, else a plain
+// line each time the place changes. Nothing is shown while run is first in
+// line, so a lock taken at once shows nothing.
+type progress struct {
+	cli   *clientv3.Client
+	name  string // lock name
+	key   string // the waiter's key
+	w     io.Writer
+	tty   bool
+	start time.Time
+
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the loop returned
+	shown  bool          // written by the loop; read after done
+}
+
+// startProgress starts showing the progress of the waiter key of lock name.
+// Call stop when the wait is over.
+func startProgress(cli *clientv3.Client, name, key string, w io.Writer, tty bool, start time.Time) *progress {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &progress{cli: cli, name: name, key: key, w: w, tty: tty, start: start, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.loop(ctx)
+	}()
+	return p
+}
+
+// stop ends the display, clears its line on a terminal, and reports
+// whether anything was shown.
+func (p *progress) stop() bool {
+	p.cancel()
+	<-p.done
+	return p.shown
+}
+
+func (p *progress) loop(ctx context.Context) {
+	t := time.NewTicker(progressInterval)
+	defer t.Stop()
+	last := ""
+	for {
+		select {
+		case <-ctx.Done():
+			if p.tty && p.shown {
+				fmt.Fprint(p.w, "\r\x1b[K")
+			}
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, progressInterval)
+		q, err := readQueue(rctx, p.cli, p.name, true, true)
+		cancel()
+		if err != nil {
+			continue // only a display: try again at the next tick
+		}
+		var place string
+		switch pos := q.position(p.key); {
+		case pos == 0:
+			continue // first in line: Lock returns at once
+		case pos < 0:
+			place = "joining the queue"
+		default:
+			place = fmt.Sprintf("queue position %d of %d", pos, len(q.Entries)-1)
+		}
+		line := fmt.Sprintf("etcdlock: waiting for lock %q: %s, waited %s", p.name, place, fmtDur(time.Since(p.start)))
+		switch {
+		case p.tty:
+			fmt.Fprint(p.w, "\r\x1b[K"+line)
+		case place != last:
+			fmt.Fprintln(p.w, line)
+		default:
+			continue
+		}
+		p.shown, last = true, place
+	}
+}

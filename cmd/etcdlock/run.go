@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// releaseTimeout bounds Unlock after CMD exits; past it the lock ends with
+// the session's lease, which Close revokes.
+const releaseTimeout = 10 * time.Second
+
+// recordTimeout bounds the write that records the holder for status.
+const recordTimeout = 5 * time.Second
+
+const runHelp = `Usage: etcdlock run [flags] NAME -- CMD [ARGS...]
+
+Waits for the lock NAME (first come, first served), runs CMD while holding
+it, releases it when CMD exits, and exits with CMD's exit code.
+
+CMD finds in its environment:
+  ETCDLOCK_NAME    the lock name
+  ETCDLOCK_KEY     the lock key, NAME/<lease ID in hex>   (also ETCD_LOCK_KEY)
+  ETCDLOCK_TOKEN   the fencing token: the key's create revision, higher for
+                   every later holder; pass it to what CMD writes to, so
+                   that a stale holder can be refused     (also ETCD_LOCK_REV)
+  ETCDLOCK_LEASE   the lease ID in hex
+
+The lock lives as long as etcdlock renews its lease: if etcdlock dies, the
+lock passes on at most --ttl later. If the lock is lost while CMD runs (the
+key was deleted, or the lease could not be renewed within --ttl), CMD gets
+SIGTERM, then SIGKILL after --grace, and etcdlock exits 6.
+
+SIGINT, SIGTERM and SIGHUP are passed on to CMD; while etcdlock still waits
+they make it leave the queue and exit 128+N. Unless standard input is the
+terminal etcdlock runs in the foreground of, CMD runs in a process group of
+its own, and signals reach its children too. With the terminal as standard
+input, CMD shares etcdlock's process group: Ctrl-C reaches it from the
+terminal (etcdlock sends no second SIGINT), and a lost lock signals CMD only.
+
+While it waits, etcdlock shows its place in the queue on standard error (one
+line updated in place on a terminal; a line per change otherwise). Once it
+holds the lock it records the time (by its own clock), host, pid and CMD's
+name in its key, for 'etcdlock status'.
+` + connHelp + "\n" + exitCodesHelp
+
+func cmdRun(args []string, stdout, stderr io.Writer) error {
+	fset := newFlagSet("run")
+	var conn connFlags
+	conn.register(fset)
+	ttl := fset.Duration("ttl", etcdlock.DefaultTTL, "lease `TTL`: if etcdlock dies, the lock passes on at most this long after")
+	timeout := fset.Duration("timeout", 0, "give up waiting after this `duration` and exit 5 (0: wait for ever)")
+	try := fset.Bool("try", false, "do not wait: exit 4 if the lock is held or has waiters")
+	grace := fset.Duration("grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
+	quiet := fset.Bool("quiet", false, "show no progress while waiting")
+	pos, cmdArgs, err := parseArgs(fset, args, 1, runHelp, stdout)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(pos) == 0 || pos[0] == "":
+		return usageErr("run", "missing lock NAME")
+	case len(cmdArgs) == 0:
+		return usageErr("run", "missing CMD to run under lock %q", pos[0])
+	case *ttl < etcdlock.MinTTL:
+		return usageErr("run", "--ttl must be at least %v, not %v", etcdlock.MinTTL, *ttl)
+	case *timeout < 0:
+		return usageErr("run", "--timeout must not be negative")
+	case *grace < 0:
+		return usageErr("run", "--grace must not be negative")
+	case *try && *timeout > 0:
+		return usageErr("run", "--try and --timeout exclude each other")
+	}
+	if err := setupConn(fset, &conn, "run"); err != nil {
+		return err
+	}
+	name := pos[0]
+
+	// Look CMD up before queueing: a typo must not wait its turn.
+	if _, err := exec.LookPath(cmdArgs[0]); err != nil {
+		return cmdErr(cmdArgs[0], err)
+	}
+	cmd := exec.Command(cmdArgs[0], cmdArgs[1:]...)
+
+	// From here on a signal must not kill etcdlock, whose lease would then
+	// linger for its TTL: until CMD runs, it ends the run cleanly.
+	sigc := make(chan os.Signal, 8)
+	signal.Notify(sigc, forwardSignals...)
+	defer signal.Stop(sigc)
+
+	cli, err := conn.connect(context.Background(), name+"/")
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(*ttl))
+	if err != nil {
+		return err
+	}
+	// Revokes the lease: whatever is left of this run in etcd goes now.
+	defer s.Close()
+	m := etcdlock.NewMutex(s, name)
+	if err := acquire(cli, m, name, *try, *timeout, *quiet, sigc, stderr); err != nil {
+		return err
+	}
+	return runLocked(cli, s, m, cmd, name, *grace, sigc, stdout, stderr)
+}
+
+// cmdErr explains why CMD cannot be started.
+func cmdErr(name string, err error) error {
+	switch {
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist):
+		return failf(exitNotFound, "CMD %q not found", name)
+	case errors.Is(err, exec.ErrDot):
+		return failf(exitNotFound, "CMD %q not found in $PATH (it is in the current directory: run ./%s)", name, name)
+	default:
+		return failf(exitCannotExec, "cannot run CMD %q: %v", name, err)
+	}
+}
+
+// acquire takes the lock (or tries to, with try), showing progress on
+// stderr. A signal from sigc abandons the wait: Lock removes the key.
+func acquire(cli *clientv3.Client, m *etcdlock.Mutex, name string, try bool, timeout time.Duration, quiet bool, sigc <-chan os.Signal, stderr io.Writer) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if timeout > 0 {
+		var cancelT context.CancelFunc
+		ctx, cancelT = context.WithTimeout(ctx, timeout)
+		defer cancelT()
+	}
+	start := time.Now()
+	res := make(chan error, 1)
+	go func() {
+		if try {
+			res <- m.TryLock(ctx)
+			return
+		}
+		res <- m.Lock(ctx)
+	}()
+	var prog *progress
+	if !try && !quiet {
+		f, ok := stderr.(*os.File)
+		prog = startProgress(cli, name, m.Key(), stderr, ok && isTerminal(f), start)
+	}
+
+	var sig os.Signal
+	var err error
+	select {
+	case err = <-res:
+	case sig = <-sigc:
+		cancel()
+		err = <-res // Lock removes the key before it returns
+	}
+	shown := prog != nil && prog.stop()
+
+	switch {
+	case sig != nil:
+		if err == nil {
+			// The lock was granted before Lock saw the cancel.
+			release(m)
+		}
+		return failf(exitSignalBase+signalNumber(sig), "interrupted by %s while waiting for lock %q; left the queue", sigName(sig), name)
+	case err == nil:
+		if shown {
+			fmt.Fprintf(stderr, "etcdlock: acquired lock %q after %s (token %d)\n", name, fmtDur(time.Since(start)), m.Token())
+		}
+		return nil
+	case errors.Is(err, etcdlock.ErrLocked):
+		return failf(exitHeld, "lock %q is held%s", name, describeHolder(cli, name))
+	case timeout > 0 && errors.Is(err, context.DeadlineExceeded):
+		return failf(exitTimeout, "timed out after %v waiting for lock %q, held%s", timeout, name, describeHolder(cli, name))
+	default:
+		return fmt.Errorf("lock %q: %w", name, err)
+	}
+}
+
+// describeHolder names the holder of lock name, and how many wait, for a
+// message; "" if that cannot be read at once.
+func describeHolder(cli *clientv3.Client, name string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	q, err := readQueue(ctx, cli, name, true, false)
+	if err != nil || len(q.Entries) == 0 {
+		return ""
+	}
+	h := q.Entries[0]
+	s := fmt.Sprintf(" by %s (token %d)", h.Key, h.Rev)
+	if n := len(q.Entries) - 1; n > 0 {
+		s += fmt.Sprintf(", %d waiting", n)
+	}
+	return s
+}
+
+// release unlocks m with a bounded context; if that fails, the session's
+// Close revokes the lease, and with it the lock.
+func release(m *etcdlock.Mutex) error {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	return m.Unlock(ctx)
+}
+
+// runLocked runs cmd while m is held, passing signals from sigc on to it,
+// and stops it if the lock is lost. It releases m when cmd exits, and
+// returns cmd's exit code as an exitError, or exitLost.
+func runLocked(cli *clientv3.Client, s *etcdlock.Session, m *etcdlock.Mutex, cmd *exec.Cmd, name string, grace time.Duration, sigc <-chan os.Signal, stdout, stderr io.Writer) error {
+	acquired := time.Now()
+	lost := m.Done() // starts watching the hold now, before CMD runs
+	cmdName := filepath.Base(cmd.Args[0])
+	token := strconv.FormatInt(m.Token(), 10)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+	cmd.Env = append(os.Environ(),
+		"ETCDLOCK_NAME="+name,
+		"ETCDLOCK_KEY="+m.Key(),
+		"ETCDLOCK_TOKEN="+token,
+		"ETCDLOCK_LEASE="+fmt.Sprintf("%x", int64(s.Lease())),
+		"ETCD_LOCK_KEY="+m.Key(),
+		"ETCD_LOCK_REV="+token,
+	)
+	group := !interactive()
+	if group {
+		ownGroup(cmd)
+	}
+	if err := cmd.Start(); err != nil {
+		release(m)
+		return cmdErr(cmd.Args[0], err)
+	}
+
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		recordHolder(cli, m, acquired, cmdName)
+	}()
+	waitc := make(chan error, 1)
+	go func() { waitc <- cmd.Wait() }()
+
+	var lostErr, waitErr error
+	var killc <-chan time.Time
+loop:
+	for {
+		select {
+		case waitErr = <-waitc:
+			break loop
+		case <-lost:
+			lost = nil
+			if lostErr = m.Err(); lostErr == nil {
+				lostErr = etcdlock.ErrLockLost
+			}
+			fmt.Fprintf(stderr, "etcdlock: lost lock %q while %s ran (%s); sending it SIGTERM\n", name, cmdName, oneLine(lostErr.Error()))
+			signalCmd(cmd, sigTERM, group)
+			t := time.NewTimer(grace)
+			defer t.Stop()
+			killc = t.C
+		case <-killc:
+			killc = nil
+			fmt.Fprintf(stderr, "etcdlock: %s still runs %v after SIGTERM; sending it SIGKILL\n", cmdName, grace)
+			signalCmd(cmd, sigKILL, group)
+		case sig := <-sigc:
+			if !group && sig == os.Interrupt {
+				continue // the terminal sent it to CMD as well
+			}
+			signalCmd(cmd, sig, group)
+		}
+	}
+	<-recorded
+
+	code := exitFailure
+	var ee *exec.ExitError
+	if waitErr == nil || errors.As(waitErr, &ee) {
+		code = exitStatus(cmd.ProcessState)
+	}
+	uerr := release(m)
+	switch {
+	case lostErr != nil:
+		return failf(exitLost, "lock %q was lost while %s ran; %s exited with status %d", name, cmdName, cmdName, code)
+	case errors.Is(uerr, etcdlock.ErrLockLost):
+		return failf(exitLost, "lock %q was found lost when %s exited (%s): it may have run without the lock", name, cmdName, oneLine(uerr.Error()))
+	case uerr != nil:
+		fmt.Fprintf(stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", name, oneLine(uerr.Error()))
+	case waitErr != nil && ee == nil:
+		return fmt.Errorf("wait for %s: %w", cmdName, waitErr)
+	}
+	return exitWith(code)
+}
+
+// recordHolder writes who holds m, and since when, into its key for
+// status. The write is guarded by IsOwner, so it never touches a key of a
+// later hold, and keeps the key's lease; the key's create revision, its
+// place and token, stays as it is. Waiters watch for deletes only. It is
+// best effort: status says "unknown" without it.
+func recordHolder(cli *clientv3.Client, m *etcdlock.Mutex, since time.Time, cmdName string) {
+	host, _ := os.Hostname()
+	rec, err := json.Marshal(holderRecord{Since: since.UTC(), Host: host, PID: os.Getpid(), Command: cmdName})
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
+	defer cancel()
+	_, _ = cli.Txn(ctx).
+		If(m.IsOwner()).
+		Then(clientv3.OpPut(m.Key(), string(rec), clientv3.WithIgnoreLease())).
+		Commit()
+}

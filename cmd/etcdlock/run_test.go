@@ -1,0 +1,449 @@
+//go:build linux || darwin || freebsd || netbsd || openbsd || dragonfly
+
+package main
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--help"}, {"-h"}, {"help"},
+		{"run", "--help"}, {"help", "run"},
+		{"status", "-h"}, {"demo", "--help"},
+	} {
+		r := runProc(t, nil, args...)
+		require.Equal(t, exitOK, r.code, "%q: %s", args, r.stderr)
+		require.Empty(t, r.stderr, "%q", args)
+		require.Contains(t, r.stdout, "Usage", "%q", args)
+	}
+	r := runProc(t, nil, "--help")
+	require.Contains(t, r.stdout, "Exit codes:")
+	require.Contains(t, r.stdout, "127      run: CMD not found")
+	r = runProc(t, nil, "run", "--help")
+	for _, want := range []string{"Exit codes:", "ETCDLOCK_TOKEN", "ETCD_LOCK_REV", "-grace", "-timeout", "-try", "-ttl", "-endpoints", "ETCDCTL_ENDPOINTS"} {
+		require.Contains(t, r.stdout, want)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	r := runProc(t, nil)
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.stderr, "Usage")
+
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, []string{"bogus"}, `unknown command "bogus"`},
+		{nil, []string{"run", "-x", "n", "--", "true"}, "flag provided but not defined: -x"},
+		{nil, []string{"run", "n", "--bogus", "--", "true"}, "flag provided but not defined: -bogus"},
+		{nil, []string{"run"}, "missing lock NAME"},
+		{nil, []string{"run", "n"}, "missing CMD"},
+		{nil, []string{"run", "n", "--"}, "missing CMD"},
+		{nil, []string{"run", "--ttl", "500ms", "n", "--", "true"}, "--ttl must be at least 1s"},
+		{nil, []string{"run", "--ttl", "soon", "n", "--", "true"}, `invalid value "soon" for flag -ttl`},
+		{nil, []string{"run", "--try", "--timeout", "1s", "n", "--", "true"}, "--try and --timeout exclude each other"},
+		{nil, []string{"run", "--user", "root", "n", "--", "true"}, "has no password"},
+		{nil, []string{"run", "--password", "pw", "n", "--", "true"}, "--password needs --user"},
+		{nil, []string{"run", "--endpoints", " , ", "n", "--", "true"}, "no etcd endpoints"},
+		{[]string{"ETCDCTL_DIAL_TIMEOUT=soon"}, []string{"run", "n", "--", "true"}, "ETCDCTL_DIAL_TIMEOUT"},
+		{nil, []string{"status"}, "missing lock NAME"},
+		{nil, []string{"status", "n", "extra"}, `unexpected argument "extra"`},
+		{nil, []string{"demo", "extra"}, `unexpected argument "extra"`},
+	} {
+		r := runProc(t, tc.env, tc.args...)
+		require.Equal(t, exitUsage, r.code, "%q: %s", tc.args, r.stderr)
+		requireOneLineError(t, r, tc.want)
+	}
+}
+
+// CMD is looked up before etcdlock connects or queues: a typo must not
+// wait its turn, nor need etcd.
+func TestCmdNotFound(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+
+	r := runProc(t, nil, "run", ep(), name, "--", "etcdlock-no-such-command")
+	require.Equal(t, exitNotFound, r.code)
+	requireOneLineError(t, r, `CMD "etcdlock-no-such-command" not found`)
+
+	r = runProc(t, nil, "run", "--endpoints=127.0.0.1:1", name, "--", "/no/such/file")
+	require.Equal(t, exitNotFound, r.code)
+	requireOneLineError(t, r, "not found")
+
+	notExec := filepath.Join(t.TempDir(), "data.txt")
+	require.NoError(t, os.WriteFile(notExec, []byte("echo hi\n"), 0o644))
+	r = runProc(t, nil, "run", ep(), name, "--", notExec)
+	require.Equal(t, exitCannotExec, r.code)
+	requireOneLineError(t, r, "cannot run CMD")
+
+	require.Empty(t, queueKeys(t, cli, name))
+}
+
+// Unreachable endpoints fail within the dial timeout, naming them.
+func TestUnreachable(t *testing.T) {
+	t.Parallel()
+	// A listener that never answers: TCP connects, gRPC hears nothing.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { silent.Close() })
+	// A port nothing listens on: connections are refused.
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refused := closed.Addr().String()
+	closed.Close()
+
+	for _, addr := range []string{silent.Addr().String(), refused} {
+		for _, args := range [][]string{
+			{"run", "--endpoints", addr, "--dial-timeout", "1s", "n", "--", "true"},
+			{"status", "--endpoints", addr, "--dial-timeout", "1s", "n"},
+		} {
+			r := runProc(t, nil, args...)
+			require.Equal(t, exitConnect, r.code, "%q: %s", args, r.stderr)
+			requireOneLineError(t, r, "cannot reach etcd at "+addr+" within 1s")
+			// 1s, and room for a loaded machine; not the 15s of a TTL.
+			require.Less(t, r.elapsed, 10*time.Second)
+		}
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	for _, tc := range []struct {
+		cmd  []string
+		code int
+	}{
+		{[]string{"true"}, 0},
+		{[]string{"false"}, 1},
+		{[]string{"sh", "-c", "exit 7"}, 7},
+		{[]string{"sh", "-c", "kill -KILL $$"}, 128 + 9},
+	} {
+		r := runProc(t, nil, append([]string{"run", ep(), name, "--"}, tc.cmd...)...)
+		require.Equal(t, tc.code, r.code, "%q: %s", tc.cmd, r.stderr)
+		require.Empty(t, r.stderr, "%q", tc.cmd)
+		require.Empty(t, queueKeys(t, cli, name), "%q left its key", tc.cmd)
+	}
+}
+
+// CMD sees the lock's key and token, etcdctl's names for them, and the
+// rest of etcdlock's environment.
+func TestEnvironment(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	script := `for v in ETCDLOCK_NAME ETCDLOCK_KEY ETCDLOCK_TOKEN ETCDLOCK_LEASE ETCD_LOCK_KEY ETCD_LOCK_REV OTHER; do
+		eval "echo $v=\$$v"
+	done
+	echo ready
+	cat >/dev/null`
+	p := startProc(t, []string{"OTHER=kept", "ETCDLOCK_KEY=stale"}, "run", ep(), name, "--", "sh", "-c", script)
+	p.stdout.waitFor(t, "ready")
+	env := make(map[string]string)
+	for line := range strings.Lines(p.stdout.String()) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
+			env[k] = v
+		}
+	}
+
+	// Compare with the key in etcd while CMD runs and holds the lock.
+	require.Equal(t, name, env["ETCDLOCK_NAME"])
+	require.Equal(t, name+"/"+env["ETCDLOCK_LEASE"], env["ETCDLOCK_KEY"])
+	require.Equal(t, env["ETCDLOCK_KEY"], env["ETCD_LOCK_KEY"])
+	require.Equal(t, env["ETCDLOCK_TOKEN"], env["ETCD_LOCK_REV"])
+	require.Equal(t, "kept", env["OTHER"])
+	resp, err := cli.Get(t.Context(), env["ETCDLOCK_KEY"])
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	require.Equal(t, strconv.FormatInt(resp.Kvs[0].CreateRevision, 10), env["ETCDLOCK_TOKEN"])
+	require.Equal(t, env["ETCDLOCK_LEASE"], strconv.FormatInt(resp.Kvs[0].Lease, 16))
+	require.Equal(t, []string{env["ETCDLOCK_KEY"]}, queueKeys(t, cli, name))
+
+	p.stdin.Close() // CMD's cat ends
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	require.Empty(t, queueKeys(t, cli, name))
+}
+
+// The ETCDCTL_* variables configure the connection; flags win over them.
+func TestConnectionEnv(t *testing.T) {
+	t.Parallel()
+	name := lockName(t)
+	r := runProc(t, []string{"ETCDCTL_ENDPOINTS=" + endpoint}, "run", name, "--", "true")
+	require.Equal(t, 0, r.code, r.stderr)
+
+	bad := []string{"ETCDCTL_ENDPOINTS=127.0.0.1:1", "ETCDCTL_DIAL_TIMEOUT=1s"}
+	r = runProc(t, bad, "run", ep(), name, "--", "true")
+	require.Equal(t, 0, r.code, r.stderr)
+
+	r = runProc(t, bad, "status", name)
+	require.Equal(t, exitConnect, r.code)
+	requireOneLineError(t, r, "cannot reach etcd at 127.0.0.1:1 within 1s")
+}
+
+func TestTry(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	m, _ := holdLock(t, cli, name)
+
+	r := runProc(t, nil, "run", "--try", ep(), name, "--", "echo", "ran")
+	require.Equal(t, exitHeld, r.code)
+	require.Empty(t, r.stdout)
+	requireOneLineError(t, r, "is held by "+m.Key())
+	require.Equal(t, []string{m.Key()}, queueKeys(t, cli, name))
+
+	require.NoError(t, m.Unlock(t.Context()))
+	r = runProc(t, nil, "run", "--try", ep(), name, "--", "echo", "ran")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "ran\n", r.stdout)
+	require.Empty(t, queueKeys(t, cli, name))
+}
+
+func TestTimeout(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	m, _ := holdLock(t, cli, name)
+
+	r := runProc(t, nil, "run", "--timeout", "1s", ep(), name, "--", "echo", "ran")
+	require.Equal(t, exitTimeout, r.code, r.stderr)
+	require.Empty(t, r.stdout)
+	require.GreaterOrEqual(t, r.elapsed, time.Second)
+	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	require.Contains(t, lines[len(lines)-1], "etcdlock: timed out after 1s waiting for lock")
+	require.Equal(t, []string{m.Key()}, queueKeys(t, cli, name), "the timed-out waiter left its key")
+}
+
+// A lost lock stops CMD and its children with SIGTERM, and etcdlock exits
+// with exitLost.
+func TestLostLockStopsCmd(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	// The child shares etcdlock's stdout: wait checks that it ended too.
+	// Once it said it is ready, its own SIGTERM disposition is in force.
+	script := writeScript(t, t.TempDir(), "cmd.sh", `trap 'echo "got TERM"; exit 0' TERM
+sh -c 'echo "child ready"; exec sleep 30' &
+echo "started $ETCDLOCK_KEY"
+wait
+echo "not stopped"
+`)
+	p := startProc(t, nil, "run", ep(), name, "--", script)
+	key := strings.Fields(p.stdout.waitFor(t, "started"))[1]
+	p.stdout.waitFor(t, "child ready")
+
+	_, err := cli.Delete(t.Context(), key)
+	require.NoError(t, err)
+	require.Equal(t, exitLost, p.wait(t))
+	require.Contains(t, p.stdout.String(), "got TERM\n")
+	require.NotContains(t, p.stdout.String(), "not stopped")
+	stderr := p.stderr.String()
+	require.Contains(t, stderr, "etcdlock: lost lock")
+	require.Contains(t, stderr, "sending it SIGTERM")
+	require.Contains(t, stderr, "was lost while cmd.sh ran")
+	require.NotContains(t, stderr, "SIGKILL")
+}
+
+// A CMD that ignores SIGTERM gets SIGKILL after --grace.
+func TestLostLockKillsAfterGrace(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	// Ignored signals are inherited: sleep ignores SIGTERM too.
+	script := writeScript(t, t.TempDir(), "cmd.sh", `trap '' TERM
+sh -c 'echo "child ready"; exec sleep 30' &
+echo "started $ETCDLOCK_LEASE"
+wait
+`)
+	p := startProc(t, nil, "run", "--grace", "1s", ep(), name, "--", script)
+	lease, err := strconv.ParseInt(strings.Fields(p.stdout.waitFor(t, "started"))[1], 16, 64)
+	p.stdout.waitFor(t, "child ready")
+	require.NoError(t, err)
+
+	revoked := time.Now()
+	_, err = cli.Revoke(t.Context(), clientv3.LeaseID(lease))
+	require.NoError(t, err)
+	require.Equal(t, exitLost, p.wait(t))
+	require.GreaterOrEqual(t, time.Since(revoked), time.Second)
+	stderr := p.stderr.String()
+	require.Contains(t, stderr, "sending it SIGTERM")
+	require.Contains(t, stderr, "still runs 1s after SIGTERM; sending it SIGKILL")
+	require.Contains(t, stderr, "exited with status 137")
+}
+
+// A holder paused longer than its TTL (here by SIGSTOP) finds, when it
+// resumes, that its lease cannot have been renewed in time: it stops CMD
+// at once, which ran on meanwhile without the lock.
+func TestPausedHolderStopsCmd(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	script := writeScript(t, t.TempDir(), "cmd.sh", `trap 'echo "got TERM"; exit 0' TERM
+sh -c 'echo "child ready"; exec sleep 30' &
+echo "started $ETCDLOCK_KEY"
+wait
+`)
+	p := startProc(t, nil, "run", "--ttl", "1s", ep(), name, "--", script)
+	key := strings.Fields(p.stdout.waitFor(t, "started"))[1]
+	p.stdout.waitFor(t, "child ready")
+
+	resp, err := cli.Get(t.Context(), key)
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	deleted := cli.Watch(t.Context(), key, clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut())
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGSTOP))
+	select {
+	case wr := <-deleted: // the lease expired: etcd deleted the key
+		require.NoError(t, wr.Err())
+	case <-time.After(procTimeout):
+		t.Fatal("the paused holder's key was not deleted")
+	}
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGCONT))
+	require.Equal(t, exitLost, p.wait(t))
+	require.Contains(t, p.stdout.String(), "got TERM")
+	require.Contains(t, p.stderr.String(), "etcdlock: lost lock")
+}
+
+// SIGINT or SIGTERM while waiting abandons the queue: no key is left, CMD
+// does not run, and the exit code is 128+N.
+func TestSignalWhileWaiting(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		name string
+	}{
+		{syscall.SIGINT, "SIGINT"},
+		{syscall.SIGTERM, "SIGTERM"},
+	} {
+		name := lockName(t) + "/" + tc.name
+		m, _ := holdLock(t, cli, name)
+		w := watchQueue(t, cli, name)
+		p := startProc(t, nil, "run", ep(), name, "--", "echo", "ran")
+		w.next(t) // the holder's key was put before the watch
+		require.NoError(t, p.cmd.Process.Signal(tc.sig))
+		require.Equal(t, 128+int(tc.sig), p.wait(t))
+		require.Empty(t, p.stdout.String())
+		lines := strings.Split(strings.TrimSpace(p.stderr.String()), "\n")
+		require.Equal(t, "etcdlock: interrupted by "+tc.name+` while waiting for lock "`+name+`"; left the queue`, lines[len(lines)-1])
+		require.Equal(t, []string{m.Key()}, queueKeys(t, cli, name))
+	}
+}
+
+// SIGINT, SIGTERM and SIGHUP to etcdlock reach CMD and its children;
+// etcdlock exits with CMD's code.
+func TestSignalsForwarded(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	// A background job of sh ignores SIGINT: the traps end it.
+	script := writeScript(t, t.TempDir(), "cmd.sh", `trap 'echo "got INT"; kill $!; exit 42' INT
+trap 'echo "got TERM"; exit 43' TERM
+trap 'echo "got HUP"; exit 44' HUP
+sh -c 'echo "child ready"; exec sleep 30' &
+echo started
+wait
+`)
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		want string
+		code int
+	}{
+		{syscall.SIGINT, "got INT", 42},
+		{syscall.SIGTERM, "got TERM", 43},
+		{syscall.SIGHUP, "got HUP", 44},
+	} {
+		p := startProc(t, nil, "run", ep(), name, "--", script)
+		p.stdout.waitFor(t, "started")
+		p.stdout.waitFor(t, "child ready")
+		require.NoError(t, p.cmd.Process.Signal(tc.sig))
+		require.Equal(t, tc.code, p.wait(t), p.stderr.String())
+		require.Contains(t, p.stdout.String(), tc.want+"\n")
+		require.Empty(t, p.stderr.String())
+		require.Empty(t, queueKeys(t, cli, name))
+	}
+}
+
+// Runs on one lock never overlap and get the lock in the order they
+// queued.
+func TestRunsInOrderWithoutOverlap(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	dir := t.TempDir()
+	log := filepath.Join(dir, "log")
+	// The pause widens the window in which an overlap would show.
+	step := writeScript(t, dir, "step.sh", `echo "start $1 $ETCDLOCK_TOKEN" >> "$2"
+sleep 0.2
+echo "end $1" >> "$2"
+`)
+
+	m, _ := holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	var procs []*proc
+	for _, id := range []string{"A", "B", "C", "D"} {
+		procs = append(procs, startProc(t, nil, "run", "--quiet", ep(), name, "--", step, id, log))
+		w.next(t) // queued before the next one starts
+	}
+	require.NoError(t, m.Unlock(t.Context()))
+	for _, p := range procs {
+		require.Equal(t, 0, p.wait(t), p.stderr.String())
+	}
+
+	data, err := os.ReadFile(log)
+	require.NoError(t, err)
+	var got []string
+	last := int64(0)
+	for line := range strings.Lines(string(data)) {
+		f := strings.Fields(line)
+		got = append(got, f[0]+" "+f[1])
+		if f[0] == "start" {
+			token, err := strconv.ParseInt(f[2], 10, 64)
+			require.NoError(t, err)
+			require.Greater(t, token, last, "tokens must rise")
+			last = token
+		}
+	}
+	require.Equal(t, []string{"start A", "end A", "start B", "end B", "start C", "end C", "start D", "end D"}, got)
+	require.Empty(t, queueKeys(t, cli, name))
+}
+
+// Without a terminal, a waiting run prints a plain line when its place in
+// the queue changes, and one when it gets the lock.
+func TestProgressLines(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	m1, _ := holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	s2 := startWaiter(t, cli, name)
+	w.next(t)
+
+	p := startProc(t, nil, "run", ep(), name, "--", "true")
+	p.stderr.waitFor(t, `etcdlock: waiting for lock "`+name+`": queue position 2 of 2, waited`)
+	require.NoError(t, m1.Unlock(t.Context()))
+	p.stderr.waitFor(t, "queue position 1 of 1")
+	s2.unlock(t)
+	require.Equal(t, 0, p.wait(t))
+	stderr := p.stderr.String()
+	require.Contains(t, stderr, `etcdlock: acquired lock "`+name+`" after`)
+	require.NotContains(t, stderr, "\r")
+	// One line per change of place, not one per poll.
+	require.Equal(t, 1, strings.Count(stderr, "position 2 of 2"), stderr)
+}
