@@ -207,7 +207,9 @@ func (m *Mutex) watchKey(ctx context.Context, h *hold) (lost error) {
 				return nil
 			}
 			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
+				// A lagging member may replay the deletion of an earlier
+				// key of the same name; this one was alive at the read.
+				if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > resp.Header.Revision {
 					return fmt.Errorf("key %s was deleted", m.key)
 				}
 			}

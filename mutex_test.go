@@ -604,4 +604,3 @@ func TestThreeMembers(t *testing.T) {
 	t.Run("FIFO", func(t *testing.T) { testFIFO(t, c, 30) })
 	t.Run("Contention", func(t *testing.T) { testContention(t, c, 4, 20) })
 }
-

@@ -107,7 +107,7 @@ func (m *Mutex) watchTurn(ctx context.Context, rev int64, pred string, readRev i
 		if m.testHookWait != nil {
 			m.testHookWait(pred)
 		}
-		deleted, at, err := m.waitDelete(ctx, own, predCh)
+		deleted, at, err := m.waitDelete(ctx, own, predCh, readRev)
 		pcancel()
 		if err != nil {
 			return nil, err
@@ -142,8 +142,8 @@ func (m *Mutex) openWatch(ctx context.Context, key string) (clientv3.WatchChan, 
 }
 
 // waitDelete returns the key and revision of the first deletion seen on own
-// or pred.
-func (m *Mutex) waitDelete(ctx context.Context, own, pred clientv3.WatchChan) (string, int64, error) {
+// or pred after readRev, when both keys were seen alive.
+func (m *Mutex) waitDelete(ctx context.Context, own, pred clientv3.WatchChan, readRev int64) (string, int64, error) {
 	for {
 		var wr clientv3.WatchResponse
 		var ok bool
@@ -159,7 +159,10 @@ func (m *Mutex) waitDelete(ctx context.Context, own, pred clientv3.WatchChan) (s
 			return "", 0, m.watchErr(ctx, wr)
 		}
 		for _, ev := range wr.Events {
-			if ev.Type == mvccpb.DELETE {
+			// A watch from "now" starts at the serving member's revision,
+			// which may lag behind readRev: a deletion at or before readRev
+			// is of an earlier key of the same name, replayed.
+			if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > readRev {
 				return string(ev.Kv.Key), ev.Kv.ModRevision, nil
 			}
 		}
