@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"sync"
 
 	"github.com/etcdlock/etcdlock"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -122,4 +123,101 @@ func ExampleMutex_IsOwner() {
 	// Output:
 	// write while holding applied: true
 	// write after unlock applied: false
+}
+
+// fencedStore stands for a resource outside etcd (a database, a file
+// server) that accepts a write only with a fencing token at least as high
+// as any it has seen.
+type fencedStore struct {
+	mu      sync.Mutex
+	highest int64
+	value   string
+}
+
+func (f *fencedStore) Write(token int64, v string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if token < f.highest {
+		return fmt.Errorf("stale token %d: a newer holder wrote with a higher one", token)
+	}
+	f.highest, f.value = token, v
+	return nil
+}
+
+// Fence writes to a resource outside etcd with Token: a holder that lost
+// the lock without knowing (paused past its TTL) is turned away once a
+// newer holder has written.
+func ExampleMutex_Token() {
+	ctx := context.Background()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+	s1, err := etcdlock.NewSession(cli)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s1.Close()
+	s2, err := etcdlock.NewSession(cli)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s2.Close()
+
+	store := &fencedStore{}
+	old := etcdlock.NewMutex(s1, "example/fenced")
+	if err := old.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	staleToken := old.Token()
+	// The old holder stalls; meanwhile its key goes (here: deleted, as if
+	// its lease had expired) and a new holder takes over and writes.
+	if _, err := cli.Delete(ctx, old.Key()); err != nil {
+		log.Fatal(err)
+	}
+	next := etcdlock.NewMutex(s2, "example/fenced")
+	if err := next.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("new holder writes:", store.Write(next.Token(), "new"))
+	// The old holder wakes up and tries to write with its token.
+	fmt.Println("old holder writes:", store.Write(staleToken, "old") != nil)
+	fmt.Println("old holder unlocks:", errors.Is(old.Unlock(ctx), etcdlock.ErrLockLost))
+	if err := next.Unlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// new holder writes: <nil>
+	// old holder writes: true
+	// old holder unlocks: true
+}
+
+// Do runs a function under the lock, with a context cancelled the moment the
+// lock is lost.
+func ExampleMutex_Do() {
+	ctx := context.Background()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+	s, err := etcdlock.NewSession(cli)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+
+	m := etcdlock.NewMutex(s, "example/do")
+	err = m.Do(ctx, func(ctx context.Context) error {
+		// Someone deletes the key while we work: the hold is lost.
+		if _, err := cli.Delete(ctx, m.Key()); err != nil {
+			return err
+		}
+		<-ctx.Done() // long work notices through its ctx
+		return context.Cause(ctx)
+	})
+	fmt.Println("lost:", errors.Is(err, etcdlock.ErrLockLost))
+	// Output:
+	// lost: true
 }
