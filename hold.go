@@ -8,6 +8,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -23,10 +24,11 @@ type hold struct {
 	maxDeadline time.Time // the hold surely ends by then; Done closes before
 
 	// Guarded by Mutex.mu.
-	err       error  // ErrLockLost after an involuntary end
-	ended     bool   // done is closed
-	unlocking bool   // Unlock has begun
-	stop      func() // stops the loss watch; nil until Done asks for it
+	err           error  // ErrLockLost after an involuntary end
+	ended         bool   // done is closed
+	unlocking     bool   // Unlock has begun
+	lostMidUnlock error  // a loss seen while Unlock ran; Unlock reports it
+	stop          func() // stops the loss watch; nil until Done asks for it
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -65,8 +67,9 @@ func (m *Mutex) Done() <-chan struct{} {
 
 // Err returns nil while the Mutex is held and after a plain Unlock, and an
 // error matching ErrLockLost once a hold ended involuntarily (until the
-// next Lock). Loss is detected only once Done has been called for the hold
-// (Do calls it); Unlock also reports it.
+// next Lock). The end of the session and the WithMaxHold limit are always
+// reported; a deleted key only once Done has been called for the hold (Do
+// calls it, and Unlock reports it too).
 func (m *Mutex) Err() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -76,6 +79,15 @@ func (m *Mutex) Err() error {
 	}
 	if h == nil {
 		return nil
+	}
+	if h.err == nil && !h.ended {
+		// Losses that need no watch to be known.
+		if err := m.s.Err(); err != nil {
+			return fmt.Errorf("%w: %w", ErrLockLost, err)
+		}
+		if !h.maxDeadline.IsZero() && time.Now().After(h.maxDeadline.Add(-m.s.expiryMargin())) {
+			return fmt.Errorf("%w: %w", ErrLockLost, errMaxHold)
+		}
 	}
 	return h.err
 }
@@ -107,15 +119,37 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 	<-watcherDone
 	cancel(nil)
 
-	// Unlock with a context that outlives a cancelled ctx: the lock must
-	// be released even when the caller gave up.
-	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer ucancel()
-	uerr := m.Unlock(uctx)
+	uerr := m.unlockSurely(ctx)
 	if errors.Is(uerr, ErrLockLost) {
 		return errors.Join(uerr, fnErr)
 	}
 	return errors.Join(fnErr, uerr)
+}
+
+// unlockSurely unlocks m, trying again while etcd cannot answer (a leader
+// election, a lost connection): the caller of Do cannot retry, and a lock
+// left held would block every waiter for as long as the session lives. It
+// uses a context that outlives a cancelled ctx, since the lock must be
+// released even when the caller gave up. It ends: either etcd answers, or
+// the session ends, and then Unlock reports ErrLockLost.
+func (m *Mutex) unlockSurely(ctx context.Context) error {
+	ctx = context.WithoutCancel(ctx)
+	backoff := 50 * time.Millisecond
+	for {
+		uctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+		err := m.Unlock(uctx)
+		cancel()
+		if err == nil || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLockReleased) {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-m.s.donec:
+			t.Stop()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 // endHold ends h with err (nil for Unlock), once, and stops its loss watch.
@@ -138,8 +172,14 @@ func (m *Mutex) endHold(h *hold, err error) {
 func (m *Mutex) lose(h *hold, cause error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if h.ended || h.unlocking {
-		return // Unlock ends the hold and reports what it finds
+	if h.ended {
+		return
+	}
+	if h.unlocking {
+		// Unlock ends the hold and reports what it finds; should its
+		// RPC fail, it ends the hold with this loss.
+		h.lostMidUnlock = fmt.Errorf("%w: %w", ErrLockLost, cause)
+		return
 	}
 	h.ended = true
 	h.err = fmt.Errorf("%w: %w", ErrLockLost, cause)
@@ -231,6 +271,7 @@ func (m *Mutex) limitHold(ctx context.Context, h *hold) error {
 		return m.fail(ctx, h.rev, fmt.Errorf("etcdlock: grant max hold lease: %w", err))
 	}
 	h.maxLease = g.ID
+	m.s.trackLease(g.ID, true) // Close revokes it
 	resp, err := m.s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
 		Then(clientv3.OpPut(m.key, "", clientv3.WithLease(g.ID))).
@@ -255,6 +296,9 @@ func (m *Mutex) revokeMaxHold(ctx context.Context, h *hold) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	// Best effort: if it fails the lease expires on its own at the limit.
-	_, _ = m.s.cli.Revoke(cctx, h.maxLease)
+	// Best effort: if it fails the lease expires on its own at the limit,
+	// and Close tries again.
+	if _, err := m.s.cli.Revoke(cctx, h.maxLease); err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		m.s.trackLease(h.maxLease, false)
+	}
 }

@@ -81,7 +81,13 @@ func NewMutex(s *Session, name string, opts ...MutexOption) *Mutex {
 // ctx's error (errors.Is(err, context.DeadlineExceeded) or
 // context.Canceled), an error matching ErrSessionExpired, ErrInvalidName,
 // or etcd's error. If the lock was granted just as ctx ended, it is released
-// again and Lock returns ctx's error.
+// again and Lock returns ctx's error. If ctx ends while the write that joins
+// the queue is in flight, Lock lets that one write finish (it is bounded by
+// the session and by 5s) so that it knows which key to remove: giving up on
+// it could leave a key that blocks the queue until the session ends.
+//
+// While it waits, Lock rides out broken watches and leader elections: the
+// queue keeps its place, and only ctx or the session's end make it leave.
 func (m *Mutex) Lock(ctx context.Context) error { return m.lock(ctx, true) }
 
 // TryLock takes the lock if no one holds it or waits for it, and otherwise
@@ -121,9 +127,9 @@ func (m *Mutex) lock(ctx context.Context, wait bool) error {
 	}
 	h := &hold{rev: rev, hdr: hdr, release: release, done: make(chan struct{})}
 	if m.opts.maxHold > 0 {
-		if err := m.limitHold(ctx, h); err != nil {
+		if err := m.limitHold(bctx, h); err != nil {
 			release()
-			return err
+			return m.cause(ctx, err)
 		}
 	}
 	m.mu.Lock()
@@ -152,25 +158,36 @@ func (m *Mutex) validate() error {
 // revision of the key and the header of the response that showed the lock
 // was ours.
 func (m *Mutex) acquire(ctx context.Context) (rev int64, hdr *pb.ResponseHeader, err error) {
-	// One round trip puts the key (unless this session already has one, left
-	// by a cleanup that could not reach etcd: then its place is reused) and
-	// reads the newest keys under the prefix. Read after the put in the same
-	// Txn, they show who is just ahead: uncontended Lock is this one RPC.
-	resp, err := m.s.cli.Txn(ctx).
+	// One round trip puts the key and reads the newest keys under the
+	// prefix. Read after the put in the same Txn, they show who is just
+	// ahead: uncontended Lock is this one RPC. If this session already has
+	// a key (left by a cleanup that could not reach etcd), its place is
+	// reused, and the Put binds it to the session's lease again (it may
+	// have been bound to a WithMaxHold lease); a Put keeps the create
+	// revision.
+	put := clientv3.OpPut(m.key, "", clientv3.WithLease(m.s.Lease()))
+	wctx, cancel := m.writeCtx(ctx)
+	resp, err := m.s.cli.Txn(wctx).
 		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0)).
-		Then(clientv3.OpPut(m.key, "", clientv3.WithLease(m.s.Lease())), m.opQueue(0)).
-		Else(clientv3.OpGet(m.key), m.opQueue(0)).
+		Then(put, m.opQueue(0)).
+		Else(put, clientv3.OpGet(m.key), m.opQueue(0)).
 		Commit()
+	cancel()
 	if err != nil {
 		// The Txn may have been applied even though its answer was lost.
 		return 0, nil, m.fail(ctx, 0, m.rpcErr(err))
 	}
+	queue := resp.Responses[1].GetResponseRange()
 	if resp.Succeeded {
 		rev = resp.Header.Revision
 	} else {
-		rev = resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
+		rev = resp.Responses[1].GetResponseRange().Kvs[0].CreateRevision
+		queue = resp.Responses[2].GetResponseRange()
 	}
-	pred, hdr, err := m.predecessor(ctx, rev, resp.Responses[1].GetResponseRange(), resp.Header)
+	if err := ctx.Err(); err != nil {
+		return 0, nil, m.fail(ctx, rev, err)
+	}
+	pred, hdr, err := m.predecessor(ctx, rev, queue, resp.Header)
 	if err != nil {
 		return 0, nil, m.fail(ctx, rev, err)
 	}
@@ -263,26 +280,35 @@ func (m *Mutex) tryAcquire(ctx context.Context) (int64, *pb.ResponseHeader, erro
 		if err != nil {
 			return 0, nil, err
 		}
+		put := clientv3.OpPut(m.key, "", clientv3.WithLease(m.s.Lease()))
+		cmp := clientv3.Compare(clientv3.ModRevision(m.pfx), "<", r.Header.Revision+1).WithPrefix()
 		if head != nil {
-			if string(head.Key) == m.key {
-				// This session's own key, left by a cleanup that could
-				// not reach etcd, is first in line: the lock is ours.
-				return head.CreateRevision, r.Header, nil
+			if string(head.Key) != m.key {
+				return 0, nil, ErrLocked
 			}
-			return 0, nil, ErrLocked
+			// This session's own key, left by a cleanup that could not
+			// reach etcd, is first in line: the lock is ours. Bind the
+			// key to the session's lease again (it may be bound to a
+			// WithMaxHold lease); a Put keeps its create revision.
+			cmp = clientv3.Compare(clientv3.CreateRevision(m.key), "=", head.CreateRevision)
 		}
 		// Free at r's revision. Take it only if nothing under the prefix
 		// changed since: a waiter that queued in between must keep its turn.
-		tresp, err := m.s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(m.pfx), "<", r.Header.Revision+1).WithPrefix()).
-			Then(clientv3.OpPut(m.key, "", clientv3.WithLease(m.s.Lease()))).
-			Else(first).
-			Commit()
+		wctx, cancel := m.writeCtx(ctx)
+		tresp, err := m.s.cli.Txn(wctx).If(cmp).Then(put).Else(first).Commit()
+		cancel()
 		if err != nil {
 			return 0, nil, m.fail(ctx, 0, m.rpcErr(err))
 		}
 		if tresp.Succeeded {
-			return tresp.Header.Revision, tresp.Header, nil
+			rev := tresp.Header.Revision
+			if head != nil {
+				rev = head.CreateRevision
+			}
+			if err := ctx.Err(); err != nil {
+				return 0, nil, m.fail(ctx, rev, err)
+			}
+			return rev, tresp.Header, nil
 		}
 		r = tresp.Responses[0].GetResponseRange()
 	}
@@ -337,11 +363,11 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	lostErr := h.err
 	m.mu.Unlock()
 
-	sessionErr := m.s.Err()
 	resp, err := m.s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
 		Then(clientv3.OpDelete(m.key)).
 		Commit()
+	sessionErr := m.s.Err()
 	switch {
 	case lostErr != nil:
 		// Done already reported the loss.
@@ -353,6 +379,12 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	case err != nil:
 		m.mu.Lock()
 		h.unlocking = false
+		if lost := h.lostMidUnlock; lost != nil && !h.ended {
+			// The loss watch saw the hold end while the RPC ran, and
+			// has stopped: report the loss through Done now.
+			h.ended, h.err = true, lost
+			close(h.done)
+		}
 		m.mu.Unlock()
 		return fmt.Errorf("etcdlock: unlock %s: %w", m.key, err)
 	case !resp.Succeeded:
@@ -406,6 +438,20 @@ func (m *Mutex) Token() int64 {
 		return 0
 	}
 	return m.h.rev
+}
+
+// writeCtx returns a context for a write whose outcome must be known: it
+// outlives ctx's cancellation, so that Lock never gives up on a Put whose
+// fate is unknown (a Put applied after the cleanup's Delete would leave a
+// key that blocks the queue until the session ends). It ends with the
+// session, or after cleanupTimeout. Lock checks ctx right after the write.
+func (m *Mutex) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	bctx, cancel := m.s.bound(context.WithoutCancel(ctx))
+	tctx, tcancel := context.WithTimeout(bctx, cleanupTimeout)
+	return tctx, func() {
+		tcancel()
+		cancel()
+	}
 }
 
 // cause returns err, or the session's end when that is what stopped a call

@@ -46,6 +46,7 @@ type Session struct {
 	deadline time.Time  // the lease is known to live until then
 	closed   bool       // Close or Orphan was called
 	names    map[string]*nameLock
+	extra    map[clientv3.LeaseID]struct{} // WithMaxHold leases not yet revoked
 }
 
 // nameLock lets one Mutex of a session at a time queue for or hold a name:
@@ -82,10 +83,21 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		if err != nil {
 			return nil, fmt.Errorf("etcdlock: look up lease %x: %w", id, err)
 		}
-		if resp.TTL <= 0 {
+		if resp.TTL < 0 { // -1: no such lease; 0 is a live lease with under 1s left
 			return nil, fmt.Errorf("%w: lease %x does not exist", ErrSessionExpired, id)
 		}
-		ttl, left = time.Duration(resp.GrantedTTL)*time.Second, time.Duration(resp.TTL)*time.Second
+		ttl = time.Duration(resp.GrantedTTL) * time.Second
+		// Renew at once: the lease may have little time left, less than
+		// the first renewal interval.
+		sent = time.Now()
+		ka, err := cli.KeepAliveOnce(o.ctx, id)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil, fmt.Errorf("%w: lease %x does not exist", ErrSessionExpired, id)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("etcdlock: renew lease %x: %w", id, err)
+		}
+		left = time.Duration(ka.TTL) * time.Second
 	}
 
 	ctx, stop := context.WithCancel(o.ctx)
@@ -130,8 +142,8 @@ func (s *Session) Err() error {
 	return s.err
 }
 
-// Close ends the session and revokes its lease, which releases every lock of
-// the session at once. It waits for the keepalive goroutine to end. A lease
+// Close ends the session and revokes its lease (and the leases of its
+// WithMaxHold holds), which releases every lock of the session at once. It waits for the keepalive goroutine to end. A lease
 // that has already expired is not an error; calling Close again does
 // nothing. If the revoke fails (etcd unreachable), the locks are released
 // when the lease expires, at most TTL later, and Close returns the error.
@@ -141,11 +153,36 @@ func (s *Session) Close() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 	defer cancel()
-	_, err := s.cli.Revoke(ctx, s.id)
-	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return fmt.Errorf("etcdlock: revoke lease %x: %w", s.id, err)
+	s.mu.Lock()
+	ids := []clientv3.LeaseID{s.id}
+	for id := range s.extra {
+		ids = append(ids, id)
 	}
-	return nil
+	s.extra = nil
+	s.mu.Unlock()
+	var errs []error
+	for _, id := range ids {
+		_, err := s.cli.Revoke(ctx, id)
+		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			errs = append(errs, fmt.Errorf("etcdlock: revoke lease %x: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// trackLease records (add) or forgets a WithMaxHold lease of one of the
+// session's holds, so that Close revokes it with the session's own.
+func (s *Session) trackLease(id clientv3.LeaseID, add bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !add {
+		delete(s.extra, id)
+		return
+	}
+	if s.extra == nil {
+		s.extra = make(map[clientv3.LeaseID]struct{})
+	}
+	s.extra[id] = struct{}{}
 }
 
 // Orphan ends the session without revoking its lease: keepalives stop and

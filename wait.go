@@ -8,7 +8,10 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // errWatchBroken says a watch ended without the event it waited for: the
@@ -33,31 +36,71 @@ func (m *Mutex) wait(ctx context.Context, rev int64, pred string, readRev int64)
 	for {
 		started := time.Now()
 		hdr, err := m.watchTurn(ctx, rev, pred, readRev)
-		if !errors.Is(err, errWatchBroken) {
+		if !m.retryable(ctx, err) {
 			return hdr, err
 		}
-		// A broken watch may have missed the event it waited for: read the
-		// queue again before watching again. Back off so that a member
-		// without a leader is not asked in a tight loop.
 		if time.Since(started) > maxBackoff {
 			backoff = minBackoff
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-m.s.donec:
-			t.Stop()
-			return nil, m.s.Err()
-		case <-t.C:
+		// A broken watch may have missed the event it waited for, and a
+		// leader election fails reads for a moment: read the queue again,
+		// as often as it takes, before watching again. Back off so that a
+		// member without a leader is not asked in a tight loop. The queue
+		// keeps our place meanwhile: only ctx or the session's end make
+		// the waiter give it up.
+		for {
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			case <-m.s.donec:
+				t.Stop()
+				return nil, m.s.Err()
+			case <-t.C:
+			}
+			backoff = min(2*backoff, maxBackoff)
+			hdr, pred, err = m.check(ctx, rev, 0)
+			if err == nil {
+				break
+			}
+			if !m.retryable(ctx, err) {
+				return nil, err
+			}
 		}
-		backoff = min(2*backoff, maxBackoff)
-		if hdr, pred, err = m.check(ctx, rev, 0); err != nil || pred == "" {
-			return hdr, err
+		if pred == "" {
+			return hdr, nil
 		}
 		readRev = hdr.Revision
 	}
+}
+
+// retryable reports whether a waiter may try again after err: a broken
+// watch, or an etcd error that passes (no leader, leader changed, a
+// timeout inside etcd, a member out of reach), while ctx and the session
+// last.
+func (m *Mutex) retryable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || m.s.Err() != nil {
+		return false
+	}
+	if errors.Is(err, errWatchBroken) {
+		return true
+	}
+	for _, e := range []error{
+		rpctypes.ErrNoLeader, rpctypes.ErrLeaderChanged, rpctypes.ErrNotCapable,
+		rpctypes.ErrTimeout, rpctypes.ErrTimeoutDueToLeaderFail,
+		rpctypes.ErrTimeoutDueToConnectionLost, rpctypes.ErrTimeoutWaitAppliedIndex,
+		rpctypes.ErrTooManyRequests,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
+		return true
+	}
+	return false
 }
 
 // watchTurn waits for the predecessors of the key created at rev to go,
@@ -228,7 +271,7 @@ func (m *Mutex) lostWhileWaiting(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: key %s deleted while waiting (lease check failed: %w)", ErrLockLost, m.key, m.rpcErr(err))
 	}
-	if resp.TTL <= 0 {
+	if resp.TTL < 0 { // -1: no such lease; 0 is a live lease with under 1s left
 		m.s.lost()
 		return m.s.Err()
 	}

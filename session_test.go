@@ -1,0 +1,135 @@
+package etcdlock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/stretchr/testify/require"
+)
+
+// closed reports whether c is closed, without waiting.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+func TestSessionCloseReleasesAtOnce(t *testing.T) {
+	cli := newClient(t)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(cli)
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name)
+	capped := etcdlock.NewMutex(s, name+"-capped", etcdlock.WithMaxHold(time.Minute))
+	require.NoError(t, m.Lock(t.Context()))
+	require.NoError(t, capped.Lock(t.Context()))
+	require.False(t, closed(s.Done()))
+	require.NoError(t, s.Err())
+
+	require.NoError(t, s.Close())
+	require.True(t, closed(s.Done()))
+	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionExpired)
+	// Both keys went with Close: the session's lease and the max hold
+	// lease the second key was moved to.
+	require.Empty(t, keys(t, cli, name))
+	require.Empty(t, keys(t, cli, name+"-capped"))
+	ttl, err := cli.TimeToLive(t.Context(), s.Lease())
+	require.NoError(t, err)
+	require.EqualValues(t, -1, ttl.TTL)
+	// The holds know they are lost without having watched.
+	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+}
+
+func TestSessionOrphanLeavesLease(t *testing.T) {
+	cli := newClient(t)
+	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(5*time.Second))
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, lockName(t))
+	require.NoError(t, m.Lock(t.Context()))
+	s.Orphan()
+	require.True(t, closed(s.Done()))
+	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost, "the hold is lost once the session has ended")
+	ttl, err := cli.TimeToLive(t.Context(), s.Lease())
+	require.NoError(t, err)
+	require.Positive(t, ttl.TTL, "Orphan must not revoke the lease")
+	require.Equal(t, []string{m.Key()}, keys(t, cli, lockName(t)))
+	_, err = cli.Revoke(t.Context(), s.Lease())
+	require.NoError(t, err)
+}
+
+func TestSessionEndsWhenLeaseRevoked(t *testing.T) {
+	cli := newClient(t)
+	// TTL 3s: the session renews every second and learns at the next
+	// renewal that the lease is gone.
+	s := newSession(t, cli, etcdlock.WithTTL(3*time.Second))
+	_, err := cli.Revoke(t.Context(), s.Lease())
+	require.NoError(t, err)
+	select {
+	case <-s.Done():
+	case <-time.After(s.TTL() + time.Second):
+		t.Fatal("session did not end after its lease was revoked")
+	}
+	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionExpired)
+}
+
+func TestSessionWithContext(t *testing.T) {
+	cli := newClient(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	s := newSession(t, cli, etcdlock.WithContext(ctx))
+	cancel()
+	select {
+	case <-s.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("session did not end with its context")
+	}
+	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionExpired)
+	require.ErrorIs(t, s.Err(), context.Canceled)
+	require.ErrorIs(t, etcdlock.NewMutex(s, lockName(t)).Lock(t.Context()), etcdlock.ErrSessionExpired)
+}
+
+// TestSessionWithLeaseNearExpiry adopts a lease with less than a second to
+// live: the session renews it at once rather than at its first interval.
+func TestSessionWithLeaseNearExpiry(t *testing.T) {
+	cli := newClient(t)
+	g, err := cli.Grant(t.Context(), 2)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		r, err := cli.TimeToLive(t.Context(), g.ID)
+		return err == nil && r.TTL == 0 // alive, under a second left
+	}, 5*time.Second, 20*time.Millisecond)
+	s := newSession(t, cli, etcdlock.WithLease(g.ID))
+	require.Equal(t, g.ID, s.Lease())
+	r, err := cli.TimeToLive(t.Context(), g.ID)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, r.TTL, int64(1), "the adopted lease was not renewed")
+	require.False(t, closed(s.Done()))
+	m := etcdlock.NewMutex(s, lockName(t))
+	require.NoError(t, m.Lock(t.Context()))
+	require.NoError(t, m.Unlock(t.Context()))
+}
+
+// TestSessionKeepsLeaseAlive holds a lock over several TTLs.
+func TestSessionKeepsLeaseAlive(t *testing.T) {
+	cli := newClient(t)
+	s := newSession(t, cli, etcdlock.WithTTL(time.Second))
+	m := etcdlock.NewMutex(s, lockName(t))
+	require.NoError(t, m.Lock(t.Context()))
+	done := m.Done()
+	deadline := time.Now().Add(3 * s.TTL())
+	for time.Now().Before(deadline) {
+		require.False(t, closed(done), "hold lost while the session renewed: %v", m.Err())
+		r, err := cli.Get(t.Context(), m.Key())
+		require.NoError(t, err)
+		require.Len(t, r.Kvs, 1)
+		time.Sleep(100 * time.Millisecond) // observe over time; the assertion is above
+	}
+	require.NoError(t, m.Unlock(t.Context()))
+	require.True(t, closed(done))
+	require.NoError(t, m.Err())
+}
