@@ -793,23 +793,7 @@ func isOutage(err error) bool {
 func TestCompactionNoFalseLoss(t *testing.T) {
 	cli := newClient(t)
 	name := lockName(t)
-	ctx, cancel := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	var compactions atomic.Int64
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			resp, err := cli.Get(ctx, "compact-probe")
-			if err == nil {
-				if _, err := cli.Compact(ctx, resp.Header.Revision); err == nil {
-					compactions.Add(1)
-				}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(3 * time.Millisecond):
-			}
-		}
-	})
+	stopCompactor := startCompactor(t, cli)
 
 	const contenders, rounds = 4, 15
 	var holds atomic.Int64
@@ -850,11 +834,10 @@ func TestCompactionNoFalseLoss(t *testing.T) {
 	for range contenders {
 		require.NoError(t, <-errc)
 	}
-	cancel()
-	wg.Wait()
+	compactions := stopCompactor()
 	require.EqualValues(t, contenders*rounds, holds.Load())
-	require.Positive(t, compactions.Load())
-	t.Logf("%d compactions during %d holds", compactions.Load(), holds.Load())
+	require.Positive(t, compactions)
+	t.Logf("%d compactions during %d holds", compactions, holds.Load())
 }
 
 // Environment of the helper process of TestHolderKilled.

@@ -2,6 +2,8 @@ package etcdlock_test
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,4 +103,33 @@ func keys(t *testing.T, cli *clientv3.Client, name string) []string {
 		ks = append(ks, string(kv.Key))
 	}
 	return ks
+}
+
+// startCompactor compacts etcd at its current revision every few
+// milliseconds until the returned stop is called; stop returns how many
+// compactions succeeded.
+func startCompactor(t *testing.T, cli *clientv3.Client) (stop func() int64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	var compactions atomic.Int64
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			resp, err := cli.Get(ctx, "compact-probe")
+			if err == nil {
+				if _, err := cli.Compact(ctx, resp.Header.Revision); err == nil {
+					compactions.Add(1)
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(3 * time.Millisecond):
+			}
+		}
+	})
+	return func() int64 {
+		cancel()
+		wg.Wait()
+		return compactions.Load()
+	}
 }

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
-	"go.uber.org/goleak"
+	"github.com/etcdlock/etcdlock/internal/leakcheck"
 )
 
 // endpoints are the client URLs of the one-member etcd that TestMain starts
@@ -40,19 +40,9 @@ func run(m *testing.M) int {
 	}
 	// Every Session and Mutex goroutine must have ended once the tests
 	// closed their sessions and clients, and etcd has stopped.
-	if err := goleak.Find(etcdHTTPLeftovers...); err != nil {
+	if err := leakcheck.Find(); err != nil {
 		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 		return 1
 	}
 	return 0
-}
-
-// etcdHTTPLeftovers are goroutines of the embedded members' peer HTTP
-// connections, which net/http closes asynchronously after etcd stops. This
-// library uses no net/http, so ignoring them hides none of its goroutines.
-var etcdHTTPLeftovers = []goleak.Option{
-	goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-	goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-	goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-	goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
 }

@@ -410,28 +410,11 @@ func TestHolderDiesHandsOver(t *testing.T) {
 // milliseconds while contenders take turns.
 func TestCompactionNeverFailsWaiter(t *testing.T) {
 	cli := newClient(t)
-	ctx, cancel := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	var compactions atomic.Int64
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			resp, err := cli.Get(ctx, "compact-probe")
-			if err == nil {
-				if _, err := cli.Compact(ctx, resp.Header.Revision); err == nil {
-					compactions.Add(1)
-				}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(3 * time.Millisecond):
-			}
-		}
-	})
+	stopCompactor := startCompactor(t, cli)
 	testContention(t, cluster, 4, 20)
-	cancel()
-	wg.Wait()
-	require.Positive(t, compactions.Load())
-	t.Logf("%d compactions during the run", compactions.Load())
+	compactions := stopCompactor()
+	require.Positive(t, compactions)
+	t.Logf("%d compactions during the run", compactions)
 }
 
 // TestNestedNames: a lock named "jobs" is never blocked by one named

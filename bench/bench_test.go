@@ -11,7 +11,7 @@ import (
 
 	"github.com/etcdlock/etcdlock/bench"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
-	"go.uber.org/goleak"
+	"github.com/etcdlock/etcdlock/internal/leakcheck"
 )
 
 // The clusters start on first use, so that `go test ./...` without -bench
@@ -41,20 +41,11 @@ func run(m *testing.M) int {
 	}
 	// Every session and client the scenarios opened must be closed, and
 	// their goroutines gone.
-	if err := goleak.Find(etcdHTTPLeftovers...); err != nil {
+	if err := leakcheck.Find(); err != nil {
 		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 		return 1
 	}
 	return 0
-}
-
-// etcdHTTPLeftovers are goroutines of the embedded members' peer HTTP
-// connections, which net/http closes asynchronously after etcd stops.
-var etcdHTTPLeftovers = []goleak.Option{
-	goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-	goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-	goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-	goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
 }
 
 // env returns the cluster of the given size, started on first use.

@@ -15,9 +15,9 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
 )
 
 // The tests run the etcdlock binary, built once by TestMain (with -race
@@ -66,20 +66,11 @@ func testMain(m *testing.M) int {
 	if code != 0 {
 		return code
 	}
-	if err := goleak.Find(etcdHTTPLeftovers...); err != nil {
+	if err := leakcheck.Find(); err != nil {
 		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 		return 1
 	}
 	return 0
-}
-
-// etcdHTTPLeftovers are goroutines of the embedded members' peer HTTP
-// connections, which net/http closes asynchronously after etcd stops.
-var etcdHTTPLeftovers = []goleak.Option{
-	goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-	goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-	goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-	goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
 }
 
 // lockName returns a lock name no other test uses.

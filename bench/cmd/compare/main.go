@@ -34,6 +34,7 @@ import (
 
 	"github.com/etcdlock/etcdlock/bench"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	"go.uber.org/goleak"
 )
 
@@ -83,13 +84,7 @@ func run(members, rounds int, filter string, short bool) error {
 
 	// Every session and client the scenarios opened is closed, and etcd is
 	// stopped: no goroutine may be left but net/http's peer leftovers.
-	if err := goleak.Find(
-		before,
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
-	); err != nil {
+	if err := leakcheck.Find(before); err != nil {
 		return fmt.Errorf("goroutines left behind: %w", err)
 	}
 	return nil
