@@ -1,0 +1,51 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestRetryable: a waiter keeps its place through errors that pass (a
+// leader election, a broken watch, a member out of reach) and gives up on
+// the others, and on any error once ctx or the session has ended.
+func TestRetryable(t *testing.T) {
+	s := &Session{donec: make(chan struct{})}
+	m := &Mutex{s: s}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{fmt.Errorf("%w: %w", errWatchBroken, rpctypes.ErrCompacted), true},
+		{rpctypes.ErrNoLeader, true},
+		{rpctypes.ErrLeaderChanged, true},
+		{rpctypes.ErrTimeout, true},
+		{status.Error(codes.Unavailable, "connection refused"), true},
+		{rpctypes.ErrPermissionDenied, false},
+		{rpctypes.ErrLeaseNotFound, false},
+		{ErrSessionExpired, false},
+		{context.Canceled, false},
+		{errors.New("something else"), false},
+	} {
+		if got := m.retryable(ctx, tc.err); got != tc.want {
+			t.Errorf("retryable(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if m.retryable(cctx, rpctypes.ErrNoLeader) {
+		t.Error("retryable after ctx ended")
+	}
+	s.err = ErrSessionExpired
+	if m.retryable(ctx, rpctypes.ErrNoLeader) {
+		t.Error("retryable after the session ended")
+	}
+}
