@@ -300,7 +300,8 @@ func (s *Session) lost() {
 // acquireName takes the session-local right to queue for name. With wait it
 // blocks until the right is free, ctx ends or the session ends; without, it
 // returns ErrLocked if another Mutex of the session queues for or holds
-// name. The returned release gives the right back; call it exactly once.
+// name. ctx must be bound to the session (bound), so that waiting ends with
+// it. The returned release gives the right back; call it exactly once.
 func (s *Session) acquireName(ctx context.Context, name string, wait bool) (release func(), err error) {
 	s.mu.Lock()
 	nl := s.names[name]
@@ -336,11 +337,8 @@ func (s *Session) acquireName(ctx context.Context, name string, wait bool) (rele
 	select {
 	case nl.sem <- struct{}{}:
 		return release, nil
-	case <-ctx.Done():
+	case <-ctx.Done(): // ctx is bound to the session: this is its end too
 		unref()
 		return nil, ctx.Err()
-	case <-s.donec:
-		unref()
-		return nil, s.Err()
 	}
 }

@@ -54,9 +54,6 @@ func (m *Mutex) wait(ctx context.Context, rev int64, pred string, readRev int64)
 			case <-ctx.Done():
 				t.Stop()
 				return nil, ctx.Err()
-			case <-m.s.donec:
-				t.Stop()
-				return nil, m.s.Err()
 			case <-t.C:
 			}
 			backoff = min(2*backoff, maxBackoff)
@@ -170,18 +167,16 @@ func (m *Mutex) watchTurn(ctx context.Context, rev int64, pred string, readRev i
 }
 
 // openWatch watches key for deletions from the current revision on and
-// returns the watch and the revision at which it was created.
+// returns the watch and the revision at which it was created. Like every
+// wait of a Mutex, it relies on ctx being bound to the session
+// (Session.bound): the watch channel closes when ctx ends.
 func (m *Mutex) openWatch(ctx context.Context, key string) (clientv3.WatchChan, int64, error) {
 	ch := m.s.cli.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-	select {
-	case wr, ok := <-ch:
-		if !ok || wr.Err() != nil || !wr.Created {
-			return nil, 0, m.watchErr(ctx, wr)
-		}
-		return ch, wr.Header.Revision, nil
-	case <-m.s.donec:
-		return nil, 0, m.s.Err()
+	wr, ok := <-ch
+	if !ok || wr.Err() != nil || !wr.Created {
+		return nil, 0, m.watchErr(ctx, wr)
 	}
+	return ch, wr.Header.Revision, nil
 }
 
 // waitDelete returns the key and revision of the first deletion seen on own
@@ -195,8 +190,6 @@ func (m *Mutex) waitDelete(ctx context.Context, own, pred clientv3.WatchChan, re
 		case wr, ok = <-pred:
 		case <-ctx.Done():
 			return "", 0, ctx.Err()
-		case <-m.s.donec:
-			return "", 0, m.s.Err()
 		}
 		if !ok || wr.Err() != nil {
 			return "", 0, m.watchErr(ctx, wr)
