@@ -83,17 +83,20 @@ func (m *Mutex) retryable(ctx context.Context, err error) bool {
 	if errors.Is(err, errWatchBroken) {
 		return true
 	}
-	for _, e := range []error{
-		rpctypes.ErrNoLeader, rpctypes.ErrLeaderChanged, rpctypes.ErrNotCapable,
-		rpctypes.ErrTimeout, rpctypes.ErrTimeoutDueToLeaderFail,
-		rpctypes.ErrTimeoutDueToConnectionLost, rpctypes.ErrTimeoutWaitAppliedIndex,
-		rpctypes.ErrTooManyRequests,
-	} {
-		if errors.Is(err, e) {
-			return true
-		}
+	// "Not capable": a member that has just started and does not yet know
+	// the cluster's version.
+	if errors.Is(err, rpctypes.ErrNotCapable) {
+		return true
 	}
-	switch status.Code(err) {
+	// etcd's passing errors (no leader, leader changed, its own request
+	// timeouts, too many requests) carry these codes; judging by the code
+	// rather than a list keeps errors of newer etcd releases covered.
+	code := status.Code(err)
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		code = ee.Code()
+	}
+	switch code {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
 		return true
 	}

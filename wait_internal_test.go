@@ -27,6 +27,12 @@ func TestRetryable(t *testing.T) {
 		{rpctypes.ErrNoLeader, true},
 		{rpctypes.ErrLeaderChanged, true},
 		{rpctypes.ErrTimeout, true},
+		{rpctypes.ErrTimeoutDueToLeaderFail, true},
+		{rpctypes.ErrTooManyRequests, true},
+		{rpctypes.ErrNotCapable, true},
+		// An error this client version has no sentinel for (etcd 3.5.0's
+		// rpctypes lacks ErrTimeoutWaitAppliedIndex): judged by its code.
+		{rpctypes.Error(status.Error(codes.Unavailable, "etcdserver: request timed out, waiting for the applied index took too long")), true},
 		{status.Error(codes.Unavailable, "connection refused"), true},
 		{rpctypes.ErrPermissionDenied, false},
 		{rpctypes.ErrLeaseNotFound, false},
