@@ -79,7 +79,7 @@ func env(tb testing.TB, members int) *bench.Env {
 //
 // ns/op, B/op and allocs/op are per operation of the scenario (for the
 // FIFO queues, per handoff, although b.N counts queues drained); B/op and
-// allocs/op are the whole process's, embedded etcd included.
+// allocs/op are the whole process's (clients only: etcd runs apart).
 func benchScenario(b *testing.B, name string) {
 	sc, ok := bench.Lookup(name)
 	if !ok {

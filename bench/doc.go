@@ -1,6 +1,7 @@
 // Package bench compares this module's Mutex with etcd's
-// concurrency.Mutex on the same embedded etcd (fsync on), in one process,
-// one implementation after the other, on one member or three.
+// concurrency.Mutex on the same etcd (server processes started by
+// internal/etcdtest, fsync on), from one process, one implementation after
+// the other, on one member or three.
 //
 // The scenarios are shared by the package's benchmarks and by the compare
 // command (go run ./bench/cmd/compare), which alternates the two
@@ -35,11 +36,11 @@
 //     apart: etcdlock's Session opens one per renewal, every TTL/3 (5s by
 //     default); etcd's sends its renewals on one stream per client;
 //   - revisions are the store's revision after the window minus before;
-//   - allocations are those of the whole process, embedded etcd included;
+//   - allocations are those of the whole process: clients only, since
+//     etcd runs in processes of its own;
 //   - for the queues, also the memory and goroutines per waiting Mutex:
-//     the client-side heap comes from a heap profile sampled every 4 KiB
-//     made while the queue forms, leaving out allocation sites in the etcd
-//     server, raft, bbolt and gRPC's server side.
+//     the growth of the process's heap (after a GC) and stacks while the
+//     queue forms.
 //
 // A waiter counts as queued when its key is in etcd, and the queue as idle
 // when the members have no unsynced watcher and the watchers and unary

@@ -1,9 +1,13 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,7 +17,7 @@ import (
 	"google.golang.org/grpc"
 )
 
-// An Env is a running embedded etcd cluster and what the scenarios need
+// An Env is a running etcd cluster and what the scenarios need
 // around it. It is safe for concurrent use, but scenarios sharing an Env
 // should run one at a time: they measure the whole process.
 type Env struct {
@@ -22,7 +26,7 @@ type Env struct {
 	seq     atomic.Int64     // makes lock names unique
 }
 
-// NewEnv starts an embedded etcd cluster of the given number of members,
+// NewEnv starts an etcd cluster of the given number of members,
 // with its data under dir (fsync on, as etcdtest always has it). The caller
 // must call Close.
 func NewEnv(dir string, members int) (*Env, error) {
@@ -43,6 +47,9 @@ func (e *Env) Close() {
 	e.obs.Close()
 	e.cluster.Close()
 }
+
+// ServerVersion returns the version of the etcd server, such as "3.7.3".
+func (e *Env) ServerVersion() string { return e.cluster.Version() }
 
 // Members returns the number of members of the cluster.
 func (e *Env) Members() int { return e.cluster.Size() }
@@ -183,10 +190,12 @@ func forEach(n int, f func(i int)) {
 	var wg sync.WaitGroup
 	for i := range n {
 		sem <- struct{}{}
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			defer func() { <-sem }()
 			f(i)
-		})
+		}()
 	}
 	wg.Wait()
 }
@@ -207,4 +216,66 @@ func poll(ctx context.Context, interval time.Duration, cond func() (bool, error)
 		case <-t.C:
 		}
 	}
+}
+
+// serverWatchers returns the number of watchers of all members, and how
+// many of them are unsynced (catching up with the store, their events
+// delayed), from the metrics each member serves on its client URL.
+func (e *Env) serverWatchers(ctx context.Context) (watchers, slow int64, err error) {
+	for _, ep := range e.cluster.Endpoints() {
+		w, s, err := scrapeWatchers(ctx, ep)
+		if err != nil {
+			return 0, 0, err
+		}
+		watchers += w
+		slow += s
+	}
+	return watchers, slow, nil
+}
+
+// metricsClient reads members' metrics, one connection per request.
+var metricsClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+
+// scrapeWatchers reads etcd's two watcher gauges from the Prometheus text
+// that the member at ep serves on /metrics.
+func scrapeWatchers(ctx context.Context, ep string) (watchers, slow int64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ep+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := metricsClient.Do(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("bench: metrics of %s: %w", ep, err)
+	}
+	defer resp.Body.Close()
+	found := 0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		var dst *int64
+		switch {
+		case !ok:
+			continue
+		case name == "etcd_debugging_mvcc_watcher_total":
+			dst = &watchers
+		case name == "etcd_debugging_mvcc_slow_watcher_total":
+			dst = &slow
+		default:
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("bench: metrics of %s: %q: %w", ep, sc.Text(), err)
+		}
+		*dst = int64(v)
+		found++
+	}
+	if err := sc.Err(); err != nil {
+		return 0, 0, fmt.Errorf("bench: metrics of %s: %w", ep, err)
+	}
+	if found != 2 {
+		return 0, 0, fmt.Errorf("bench: etcd's watcher metrics not found at %s/metrics", ep)
+	}
+	return watchers, slow, nil
 }

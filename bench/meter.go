@@ -26,8 +26,8 @@ type Result struct {
 	RPCs, KeepAlives int64
 	// Revs is the number of store revisions consumed.
 	Revs int64
-	// Allocs and AllocBytes are the heap allocations of the whole process,
-	// embedded etcd included.
+	// Allocs and AllocBytes are the heap allocations of the whole process
+	// (clients only: etcd runs in processes of its own).
 	Allocs, AllocBytes uint64
 
 	// Queue is set by the FIFO scenarios: the cost of the waiting Mutexes.
@@ -41,9 +41,9 @@ type Result struct {
 type QueueCost struct {
 	// Waiters is the number of waiters measured.
 	Waiters int64
-	// ClientHeap is the heap in use that was allocated outside the etcd
-	// server (clients, sessions, Mutexes, the goroutines calling Lock),
-	// per waiter, estimated from a densely sampled heap profile.
+	// ClientHeap is the heap in use per waiter after a GC: clients,
+	// sessions, Mutexes, the goroutines calling Lock. The etcd members are
+	// processes of their own, so all of this process's heap is the clients'.
 	ClientHeap float64
 	// Stack is the goroutine stack memory per waiter: the growth of the
 	// runtime's stack spans, which also keep freed stacks for reuse, so it
@@ -51,12 +51,10 @@ type QueueCost struct {
 	Stack float64
 	// Goroutines per waiter, the one blocked in Lock included.
 	Goroutines float64
-	// ProcessHeap is the heap in use per waiter, etcd server included.
-	ProcessHeap float64
 	// Growth is the client heap per waiter of the second half over that of
 	// the first half: about 1 when a waiter's cost does not depend on the
-	// length of the queue. The heap is sampled, so this is noisy for a
-	// short queue (tens of waiters) and meaningful for a long one.
+	// length of the queue. It is noisy for a short queue (tens of waiters)
+	// and meaningful for a long one.
 	Growth float64
 }
 
@@ -83,7 +81,6 @@ func (r Result) Add(o Result) Result {
 		q.ClientHeap = avg(q.ClientHeap, o.Queue.ClientHeap)
 		q.Stack = avg(q.Stack, o.Queue.Stack)
 		q.Goroutines = avg(q.Goroutines, o.Queue.Goroutines)
-		q.ProcessHeap = avg(q.ProcessHeap, o.Queue.ProcessHeap)
 		q.Growth = avg(q.Growth, o.Queue.Growth)
 		s.Queue = &q
 	}

@@ -2,17 +2,12 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // fifo returns the scenario of a queue of w waiters, each with its own
@@ -63,14 +58,10 @@ func drain(ctx context.Context, env *Env, impl Impl, w int, timer Timer) (Result
 	q := &queue{env: env, cs: cs, name: name, cancel: cancel}
 	defer q.close() // stops the waiters, then closes their sessions
 
-	// Queue the waiters in three parts, measuring memory after each, with
-	// allocations sampled densely in the heap profile until the queue is
-	// complete. The first part, at least one waiter per client, takes the
-	// clients' one-time costs (watch and keepalive streams); the two others
-	// tell what one more waiter costs, early and late in the queue.
-	prevRate := runtime.MemProfileRate
-	runtime.MemProfileRate = profileRate
-	defer func() { runtime.MemProfileRate = prevRate }()
+	// Queue the waiters in three parts, measuring memory after each. The
+	// first part, at least one waiter per client, takes the clients'
+	// one-time costs (watch and keepalive streams); the two others tell
+	// what one more waiter costs, early and late in the queue.
 	first := max(len(cs.clis), w/10)
 	second := (w - first) / 2
 	parts := []int{first, second, w - first - second}
@@ -81,7 +72,6 @@ func drain(ctx context.Context, env *Env, impl Impl, w int, timer Timer) (Result
 		}
 		mems = append(mems, takeMemSnapshot())
 	}
-	runtime.MemProfileRate = prevRate
 
 	keys, err := env.queue(ctx, name)
 	if err != nil {
@@ -165,7 +155,11 @@ func (q *queue) add(ctx, wctx context.Context, impl Impl, n int) error {
 	q.ss = append(q.ss, ss...)
 	for _, s := range ss {
 		m, key := s.NewMutex(q.name), waiterKey(q.name, s.Lease())
-		q.wg.Go(func() { q.waiter(wctx, m, key) })
+		q.wg.Add(1)
+		go func() {
+			defer q.wg.Done()
+			q.waiter(wctx, m, key)
+		}()
 	}
 	return q.settle(ctx, int64(len(q.ss)+1))
 }
@@ -239,7 +233,7 @@ func (q *queue) settle(ctx context.Context, want int64) error {
 		if err := q.failed(); err != nil {
 			return false, err
 		}
-		watchers, slow, err := serverWatchers()
+		watchers, slow, err := q.env.serverWatchers(ctx)
 		if err != nil {
 			return false, err
 		}
@@ -274,126 +268,23 @@ func (q *queue) close() {
 	closeSessions(q.ss)
 }
 
-// serverWatchers returns the number of watchers of the embedded members of
-// this process, and how many of them are unsynced (catching up with the
-// store, their events delayed), from etcd's metrics.
-func serverWatchers() (watchers, slow int64, err error) {
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		return 0, 0, fmt.Errorf("bench: gather metrics: %w", err)
-	}
-	found := 0
-	for _, mf := range mfs {
-		var dst *int64
-		switch mf.GetName() {
-		case "etcd_debugging_mvcc_watcher_total":
-			dst = &watchers
-		case "etcd_debugging_mvcc_slow_watcher_total":
-			dst = &slow
-		default:
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			*dst += int64(m.GetGauge().GetValue())
-		}
-		found++
-	}
-	if found != 2 {
-		return 0, 0, errors.New("bench: etcd's watcher metrics not found")
-	}
-	return watchers, slow, nil
-}
-
 // memSnapshot is the memory of the process at one moment, after a GC.
 type memSnapshot struct {
-	clientHeap int64 // heap in use allocated outside the etcd server
 	heap       int64 // heap in use
 	stack      int64 // goroutine stacks in use
 	goroutines int64
 }
 
-// profileRate is the heap profile's sampling rate while a queue forms: one
-// sample per 4 KiB allocated on average, dense enough for a few percent
-// of error over hundreds of waiters, sparse enough that the embedded etcd,
-// which allocates under the same profiler, keeps up. Sampling every
-// allocation slowed the process so much that etcd timed requests out.
-const profileRate = 4096
-
-// takeMemSnapshot collects garbage and measures. It reads the heap profile
-// as sampled at profileRate; allocations from before the rate was set are
-// scaled the same way in every snapshot, and cancel out.
+// takeMemSnapshot collects garbage and measures. The etcd members are
+// processes of their own: all of this process's heap is the clients'.
 func takeMemSnapshot() memSnapshot {
-	// The heap profile is published at the end of a cycle's sweep: two
-	// cycles make sure it includes everything allocated before this call.
-	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return memSnapshot{
-		clientHeap: clientHeapInUse(),
 		heap:       int64(ms.HeapAlloc),
 		stack:      int64(ms.StackInuse),
 		goroutines: int64(runtime.NumGoroutine()),
-	}
-}
-
-// clientHeapInUse estimates from the heap profile the bytes in use that
-// were allocated outside the embedded etcd server: not in etcd's server
-// packages, raft, bbolt, gRPC's server side, or the members' peer HTTP.
-// Samples are scaled up as pprof does, for the current sampling rate.
-func clientHeapInUse() int64 {
-	var recs []runtime.MemProfileRecord
-	n, _ := runtime.MemProfile(nil, true)
-	for {
-		recs = make([]runtime.MemProfileRecord, n+64)
-		var ok bool
-		if n, ok = runtime.MemProfile(recs, true); ok {
-			recs = recs[:n]
-			break
-		}
-	}
-	rate := float64(runtime.MemProfileRate)
-	var sum float64
-	for i := range recs {
-		r := &recs[i]
-		inuse := r.InUseBytes()
-		if inuse == 0 || r.AllocObjects == 0 || serverStack(r.Stack()) {
-			continue
-		}
-		// An object of size s is sampled with probability 1-exp(-s/rate).
-		avg := float64(r.AllocBytes) / float64(r.AllocObjects)
-		sum += float64(inuse) / (1 - math.Exp(-avg/rate))
-	}
-	return int64(sum)
-}
-
-// serverFuncPrefixes name the functions that only the server side runs.
-var serverFuncPrefixes = []string{
-	"go.etcd.io/etcd/server/",
-	"go.etcd.io/etcd/pkg/",
-	"go.etcd.io/raft/",
-	"go.etcd.io/bbolt",
-	"github.com/soheilhy/cmux",
-	"google.golang.org/grpc.(*Server)",
-	"google.golang.org/grpc.(*serverStream)",
-	"google.golang.org/grpc/internal/transport.(*http2Server)",
-	"google.golang.org/grpc/internal/transport.NewServerTransport",
-	"google.golang.org/grpc/internal/transport.newHTTP2Server",
-	"net/http.",
-}
-
-func serverStack(stk []uintptr) bool {
-	frames := runtime.CallersFrames(stk)
-	for {
-		f, more := frames.Next()
-		for _, p := range serverFuncPrefixes {
-			if strings.HasPrefix(f.Function, p) {
-				return true
-			}
-		}
-		if !more {
-			return false
-		}
 	}
 }
 
@@ -403,14 +294,13 @@ func serverStack(stk []uintptr) bool {
 func queueCost(n1, n2 int64, m0, m1, m2 memSnapshot) *QueueCost {
 	n := float64(n1 + n2)
 	c := &QueueCost{
-		Waiters:     n1 + n2,
-		ClientHeap:  float64(m2.clientHeap-m0.clientHeap) / n,
-		Stack:       float64(m2.stack-m0.stack) / n,
-		Goroutines:  float64(m2.goroutines-m0.goroutines) / n,
-		ProcessHeap: float64(m2.heap-m0.heap) / n,
+		Waiters:    n1 + n2,
+		ClientHeap: float64(m2.heap-m0.heap) / n,
+		Stack:      float64(m2.stack-m0.stack) / n,
+		Goroutines: float64(m2.goroutines-m0.goroutines) / n,
 	}
-	early := float64(m1.clientHeap-m0.clientHeap) / float64(n1)
-	late := float64(m2.clientHeap-m1.clientHeap) / float64(n2)
+	early := float64(m1.heap-m0.heap) / float64(n1)
+	late := float64(m2.heap-m1.heap) / float64(n2)
 	if early > 0 {
 		c.Growth = late / early
 	}

@@ -212,7 +212,9 @@ func contend(k int) func(context.Context, *Env, Impl, int, Timer) (Result, error
 		var wg sync.WaitGroup
 		for _, s := range ss {
 			m := s.NewMutex(name)
-			wg.Go(func() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
 				for seq.Load() < last {
 					if err := m.Lock(ctx); err != nil {
 						fail(fmt.Errorf("bench: Lock: %w", err))
@@ -241,7 +243,7 @@ func contend(k int) func(context.Context, *Env, Impl, int, Timer) (Result, error
 						return
 					}
 				}
-			})
+			}()
 		}
 		wg.Wait()
 		if firstErr != nil {

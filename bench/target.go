@@ -50,12 +50,11 @@ func Summarize(rs []Result) Summary {
 			return med(func(r Result) float64 { return f(r.Queue) })
 		}
 		s.Queue = &QueueCost{
-			Waiters:     rs[0].Queue.Waiters,
-			ClientHeap:  q(func(c *QueueCost) float64 { return c.ClientHeap }),
-			Stack:       q(func(c *QueueCost) float64 { return c.Stack }),
-			Goroutines:  q(func(c *QueueCost) float64 { return c.Goroutines }),
-			ProcessHeap: q(func(c *QueueCost) float64 { return c.ProcessHeap }),
-			Growth:      q(func(c *QueueCost) float64 { return c.Growth }),
+			Waiters:    rs[0].Queue.Waiters,
+			ClientHeap: q(func(c *QueueCost) float64 { return c.ClientHeap }),
+			Stack:      q(func(c *QueueCost) float64 { return c.Stack }),
+			Goroutines: q(func(c *QueueCost) float64 { return c.Goroutines }),
+			Growth:     q(func(c *QueueCost) float64 { return c.Growth }),
 		}
 	}
 	return s

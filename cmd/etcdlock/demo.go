@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
-	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -68,7 +67,7 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 
-	dir, err := etcdtest.MkdirTemp()
+	dir, err := mkdirTemp()
 	if err != nil {
 		return err
 	}
@@ -114,12 +113,12 @@ func (d *demo) more(format string, args ...any) {
 
 func (d *demo) run(ctx context.Context) error {
 	fmt.Fprintf(d.out, "etcdlock demo: three clients compete for the lock %q.\n\n", demoLock)
-	cluster, err := etcdtest.StartDir(d.dir, 1)
+	cluster, err := startEmbedded(d.dir)
 	if err != nil {
 		return err
 	}
 	defer cluster.Close()
-	ep := cluster.Endpoint(0)
+	ep := cluster.Endpoint()
 	fmt.Fprintf(d.out, "etcd started at %s, data in %s.\n", ep, d.dir)
 	fmt.Fprintf(d.out, "Lock keys are %s/<lease ID in hex>; a holder's fencing token is its key's create revision.\n\n", demoLock)
 	d.start = time.Now()
@@ -223,8 +222,8 @@ type demoClient struct {
 	locked chan error // receives Lock's result
 }
 
-func (d *demo) newClient(ctx context.Context, cluster *etcdtest.Cluster, name string) (*demoClient, error) {
-	cli, err := cluster.NewClient(clientv3.Config{})
+func (d *demo) newClient(ctx context.Context, cluster *embeddedEtcd, name string) (*demoClient, error) {
+	cli, err := cluster.NewClient()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}

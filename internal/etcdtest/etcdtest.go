@@ -1,32 +1,42 @@
-// Package etcdtest starts real embedded etcd clusters (one member or three)
-// on loopback for etcdlock's tests, examples, benchmarks and demo. Nothing in
-// it is a mock: every member is go.etcd.io/etcd/server/v3/embed with fsync on.
+// Package etcdtest starts real etcd clusters (one member or three) on
+// loopback for etcdlock's tests, examples and benchmarks. Nothing in it is a
+// mock: every member is an etcd server process, started from the binary
+// that Binary names, with fsync on.
+//
+// Members run as processes rather than embedded so that the library's own
+// module never requires go.etcd.io/etcd/server/v3 (which would raise its
+// users' minimum etcd client version), and so that the same tests run
+// against any etcd release: see Binary.
 package etcdtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
 
-// Cluster is a running embedded etcd cluster. Its methods are safe for
-// concurrent use.
+// Cluster is a running etcd cluster of server processes. Its methods are
+// safe for concurrent use.
 type Cluster struct {
-	dir string
+	dir     string
+	bin     string
+	version string // the server's version, as "3.7.3"
 
 	mu      sync.Mutex // guards members
 	members []*member
@@ -37,7 +47,7 @@ type member struct {
 	dir       string
 	clientURL url.URL
 	peerURL   url.URL
-	etcd      *embed.Etcd // nil while stopped
+	proc      *process // nil while stopped
 }
 
 // Start starts an n-member cluster in a directory of t.TempDir and stops it
@@ -58,14 +68,25 @@ func StartDir(dir string, n int) (*Cluster, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("etcdtest: %d members", n)
 	}
-	c := &Cluster{dir: dir}
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	version, err := binaryVersion(bin)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("etcdtest: %w", err)
+	}
+	c := &Cluster{dir: dir, bin: bin, version: version}
 	var initial []string
 	for i := range n {
-		cport, err := freePort()
+		cport, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
-		pport, err := freePort()
+		pport, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -83,7 +104,7 @@ func StartDir(dir string, n int) (*Cluster, error) {
 	// cluster is not ready until a quorum has joined.
 	errc := make(chan error, n)
 	for _, m := range c.members {
-		go func() { errc <- c.startMember(m, cluster, embed.ClusterStateFlagNew) }()
+		go func() { errc <- c.startMember(m, cluster, "new") }()
 	}
 	var errs []error
 	for range n {
@@ -97,52 +118,95 @@ func StartDir(dir string, n int) (*Cluster, error) {
 }
 
 func (c *Cluster) startMember(m *member, cluster, state string) error {
-	cfg := embed.NewConfig()
-	cfg.Name = m.name
-	cfg.Dir = m.dir
-	cfg.ListenClientUrls = []url.URL{m.clientURL}
-	cfg.AdvertiseClientUrls = []url.URL{m.clientURL}
-	cfg.ListenPeerUrls = []url.URL{m.peerURL}
-	cfg.AdvertisePeerUrls = []url.URL{m.peerURL}
-	cfg.InitialCluster = cluster
-	cfg.InitialClusterToken = "etcdlock-test"
-	cfg.ClusterState = state
-	cfg.LogLevel = "error"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	// Short elections keep leader-loss tests in seconds.
-	cfg.TickMs = 50
-	cfg.ElectionMs = 500
-	e, err := embed.StartEtcd(cfg)
+	args := []string{
+		"--name=" + m.name,
+		"--data-dir=" + m.dir,
+		"--listen-client-urls=" + m.clientURL.String(),
+		"--advertise-client-urls=" + m.clientURL.String(),
+		"--listen-peer-urls=" + m.peerURL.String(),
+		"--initial-advertise-peer-urls=" + m.peerURL.String(),
+		"--initial-cluster=" + cluster,
+		"--initial-cluster-token=etcdlock-test",
+		"--initial-cluster-state=" + state,
+		// Short elections keep leader-loss tests in seconds.
+		"--heartbeat-interval=50",
+		"--election-timeout=500",
+		"--log-level=error",
+	}
+	if strings.HasPrefix(c.version, "3.4.") {
+		args = append(args, "--logger=zap") // 3.4 defaults to capnslog, which ignores --log-level
+	}
+	p, err := startProcess(c.bin, args, filepath.Join(filepath.Dir(m.dir), m.name+".log"))
 	if err != nil {
 		return fmt.Errorf("start member %s: %w", m.name, err)
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return fmt.Errorf("member %s: %w", m.name, err)
-	case <-time.After(30 * time.Second):
-		e.Close()
-		return fmt.Errorf("member %s did not become ready in 30s", m.name)
+	if err := waitReady(p, m.clientURL.String(), 30*time.Second); err != nil {
+		p.kill()
+		return fmt.Errorf("member %s (etcd %s): %w%s", m.name, c.version, err, p.logTail())
 	}
 	c.mu.Lock()
-	m.etcd = e
+	m.proc = p
 	c.mu.Unlock()
 	return nil
 }
 
-// Close stops every member and removes nothing: data directories belong to
-// the caller (t.TempDir removes its own).
-func (c *Cluster) Close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, m := range c.members {
-		if m.etcd != nil {
-			m.etcd.Close()
-			m.etcd = nil
+// waitReady waits until the member at ep has a leader and serves a
+// linearizable read, or its process exits, or timeout passes.
+func waitReady(p *process, ep string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: timeout, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		st, err := cli.Status(rctx, ep)
+		if err == nil && st.Leader != 0 {
+			_, err = cli.Get(rctx, "etcdtest-ready")
+		}
+		rcancel()
+		if err == nil && st.Leader != 0 {
+			return nil
+		}
+		select {
+		case <-p.exited:
+			return fmt.Errorf("etcd exited: %v", p.err)
+		case <-ctx.Done():
+			return fmt.Errorf("not ready in %v: %v", timeout, err)
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
+
+// Close stops every member and removes nothing: data directories belong to
+// the caller (t.TempDir removes its own). Members are killed, not stopped
+// gracefully: their data is thrown away.
+func (c *Cluster) Close() {
+	c.mu.Lock()
+	procs := make([]*process, 0, len(c.members))
+	for _, m := range c.members {
+		if m.proc != nil {
+			procs = append(procs, m.proc)
+			m.proc = nil
+		}
+	}
+	c.mu.Unlock()
+	for _, p := range procs {
+		p.kill()
+	}
+}
+
+// Version returns the etcd server's version, such as "3.7.3".
+func (c *Cluster) Version() string { return c.version }
 
 // Endpoints returns the client URLs of all members, running or not.
 func (c *Cluster) Endpoints() []string {
@@ -161,32 +225,58 @@ func (c *Cluster) Endpoint(i int) string { return c.Endpoints()[i] }
 // Size returns the number of members.
 func (c *Cluster) Size() int { return len(c.members) }
 
-// Leader returns the index of the member that currently believes it leads,
-// or -1 if none does.
+// Leader returns the index of the running member that the running members
+// agree leads, or -1 if there is none right now.
 func (c *Cluster) Leader() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i, m := range c.members {
-		if m.etcd != nil && m.etcd.Server.Leader() == m.etcd.Server.MemberID() {
+	eps := c.runningEndpoints()
+	if len(eps) == 0 {
+		return -1
+	}
+	cli, err := c.NewClient(clientv3.Config{Endpoints: eps})
+	if err != nil {
+		return -1
+	}
+	defer cli.Close()
+	for i, ep := range c.Endpoints() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		st, err := cli.Status(ctx, ep)
+		cancel()
+		if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
 			return i
 		}
 	}
 	return -1
 }
 
-// StopMember stops member i; its data directory is kept for RestartMember.
-func (c *Cluster) StopMember(i int) {
+func (c *Cluster) runningEndpoints() []string {
 	c.mu.Lock()
-	m := c.members[i]
-	e := m.etcd
-	m.etcd = nil
-	c.mu.Unlock()
-	if e != nil {
-		e.Close()
+	defer c.mu.Unlock()
+	var eps []string
+	for _, m := range c.members {
+		if m.proc != nil {
+			eps = append(eps, m.clientURL.String())
+		}
 	}
+	return eps
 }
 
-// RestartMember restarts a member stopped by StopMember.
+// StopMember stops member i gracefully (SIGTERM: a leader hands over its
+// leadership first); its data directory is kept for RestartMember.
+func (c *Cluster) StopMember(i int) { c.takeProc(i).stop() }
+
+// KillMember kills member i with SIGKILL, as a crash would; its data
+// directory is kept for RestartMember.
+func (c *Cluster) KillMember(i int) { c.takeProc(i).kill() }
+
+func (c *Cluster) takeProc(i int) *process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.members[i].proc
+	c.members[i].proc = nil
+	return p
+}
+
+// RestartMember restarts a member stopped by StopMember or KillMember.
 func (c *Cluster) RestartMember(i int) error {
 	c.mu.Lock()
 	var initial []string
@@ -195,14 +285,7 @@ func (c *Cluster) RestartMember(i int) error {
 	}
 	m := c.members[i]
 	c.mu.Unlock()
-	return c.startMember(m, strings.Join(initial, ","), embed.ClusterStateFlagExisting)
-}
-
-// Server returns member i's embedded etcd, or nil while it is stopped.
-func (c *Cluster) Server(i int) *embed.Etcd {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.members[i].etcd
+	return c.startMember(m, strings.Join(initial, ","), "existing")
 }
 
 // NewClient returns a client of all members. The caller closes it.
@@ -251,9 +334,9 @@ func EnableAuth(ctx context.Context, cli *clientv3.Client, rootPassword string) 
 	return err
 }
 
-// freePort asks the kernel for a free loopback port. Another process could
+// FreePort asks the kernel for a free loopback port. Another process could
 // take it before etcd binds it; on loopback in a test that is rare enough.
-func freePort() (int, error) {
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -265,6 +348,69 @@ func freePort() (int, error) {
 // MkdirTemp makes a temporary directory for StartDir; remove it with
 // os.RemoveAll when done.
 func MkdirTemp() (string, error) { return os.MkdirTemp("", "etcdlock-etcd-") }
+
+// process is one running etcd server process.
+type process struct {
+	cmd     *exec.Cmd
+	logPath string
+	exited  chan struct{} // closed when the process has exited
+	err     error         // Wait's result; set before exited is closed
+}
+
+func startProcess(bin string, args []string, logPath string) (*process, error) {
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	p := &process{cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logf.Close()
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// stop asks the process to exit (SIGTERM) and waits; after 10s it kills it.
+func (p *process) stop() {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		p.kill()
+	}
+}
+
+// kill kills the process (SIGKILL) and waits for it.
+func (p *process) kill() {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// logTail returns the end of the process's log, for an error message.
+func (p *process) logTail() string {
+	b, err := os.ReadFile(p.logPath)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return "\netcd's log ends:\n" + string(bytes.TrimSpace(b))
+}
 
 // RPCCounter counts the gRPC calls a client makes: unary calls, and streams
 // opened (a watch or keepalive stream counts once however many messages it

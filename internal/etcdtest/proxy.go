@@ -48,7 +48,7 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 	if err != nil {
 		tb.Fatalf("etcdtest: proxy target %q: %v", target, err)
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		tb.Fatalf("etcdtest: proxy port: %v", err)
 	}
@@ -142,7 +142,11 @@ func newDelayLine(target string) (*delayLine, error) {
 		return nil, err
 	}
 	l := &delayLine{ln: ln, target: target, done: make(chan struct{}), conns: make(map[net.Conn]struct{})}
-	l.wg.Go(l.accept)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		l.accept()
+	}()
 	return l, nil
 }
 
@@ -160,7 +164,11 @@ func (l *delayLine) accept() {
 		if !l.track(in, out) {
 			return
 		}
-		l.wg.Go(func() { l.relay(in, out) })
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			l.relay(in, out)
+		}()
 	}
 }
 
@@ -202,7 +210,9 @@ func (l *delayLine) relay(in, out net.Conn) {
 		end()
 		wg.Wait()
 	}()
-	wg.Go(func() {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
 		defer end()
 		buf := make([]byte, 32<<10)
 		for {
@@ -216,12 +226,14 @@ func (l *delayLine) relay(in, out net.Conn) {
 				return
 			}
 		}
-	})
+	}()
 
 	// The reader stamps each chunk as it arrives; the writer delivers the
 	// chunks in order, each at its time.
 	chunks := make(chan chunk, 1024)
-	wg.Go(func() {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
 		defer close(chunks)
 		for {
 			buf := make([]byte, 32<<10)
@@ -238,7 +250,7 @@ func (l *delayLine) relay(in, out net.Conn) {
 				return
 			}
 		}
-	})
+	}()
 	for c := range chunks {
 		if wait := time.Until(c.due); wait > 0 {
 			t := time.NewTimer(wait)

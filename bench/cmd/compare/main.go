@@ -1,5 +1,5 @@
 // Command compare runs the bench scenarios for this library's Mutex and
-// etcd's concurrency.Mutex on one embedded etcd, alternating the two over
+// etcd's concurrency.Mutex on one etcd (server processes), alternating the two over
 // rounds, and prints one table of medians with the ratio of our time to
 // etcd's and whether each target is met.
 //
@@ -7,7 +7,7 @@
 //
 // Flags:
 //
-//	-members n     members of the embedded etcd: 1 or 3 (default 1)
+//	-members n     members of the etcd cluster: 1 or 3 (default 1)
 //	-rounds n      rounds; each runs every scenario once per implementation,
 //	               in alternating order (default 5)
 //	-scenarios re  run only the scenarios whose name matches re
@@ -39,7 +39,7 @@ import (
 )
 
 func main() {
-	members := flag.Int("members", 1, "members of the embedded etcd: 1 or 3")
+	members := flag.Int("members", 1, "members of the etcd cluster: 1 or 3")
 	rounds := flag.Int("rounds", 5, "rounds; each runs every scenario once per implementation")
 	filter := flag.String("scenarios", "", "run only the scenarios whose name matches this regexp")
 	short := flag.Bool("short", false, "fewer operations per round, and no fifo-1000")
@@ -75,11 +75,11 @@ func run(members, rounds int, filter string, short bool) error {
 	defer stop()
 	before := goleak.IgnoreCurrent()
 	start := time.Now()
-	results, err := measure(ctx, members, rounds, short, scenarios)
+	results, version, err := measure(ctx, members, rounds, short, scenarios)
 	if err != nil {
 		return err
 	}
-	printTables(os.Stdout, members, rounds, scenarios, results)
+	printTables(os.Stdout, version, members, rounds, scenarios, results)
 	fmt.Fprintf(os.Stdout, "\nwall time %v\n", time.Since(start).Round(time.Second))
 
 	// Every session and client the scenarios opened is closed, and etcd is
@@ -93,15 +93,15 @@ func run(members, rounds int, filter string, short bool) error {
 // results holds one Result per round, by scenario and implementation.
 type results map[string]map[string][]bench.Result
 
-func measure(ctx context.Context, members, rounds int, short bool, scenarios []bench.Scenario) (results, error) {
+func measure(ctx context.Context, members, rounds int, short bool, scenarios []bench.Scenario) (results, string, error) {
 	dir, err := etcdtest.MkdirTemp()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer os.RemoveAll(dir)
 	env, err := bench.NewEnv(dir, members)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer env.Close()
 
@@ -121,7 +121,7 @@ func measure(ctx context.Context, members, rounds int, short bool, scenarios []b
 				r, err := sc.Run(rctx, env, impl, n, nil)
 				cancel()
 				if err != nil {
-					return nil, fmt.Errorf("round %d, %s, %s: %w", round+1, sc.Name, impl.Name, err)
+					return nil, "", fmt.Errorf("round %d, %s, %s: %w", round+1, sc.Name, impl.Name, err)
 				}
 				if res[sc.Name] == nil {
 					res[sc.Name] = make(map[string][]bench.Result)
@@ -132,12 +132,12 @@ func measure(ctx context.Context, members, rounds int, short bool, scenarios []b
 			}
 		}
 	}
-	return res, nil
+	return res, env.ServerVersion(), nil
 }
 
-func printTables(w io.Writer, members, rounds int, scenarios []bench.Scenario, res results) {
+func printTables(w io.Writer, version string, members, rounds int, scenarios []bench.Scenario, res results) {
 	ours, theirs := bench.Etcdlock.Name, bench.Etcd.Name
-	fmt.Fprintf(w, "etcdlock (ours) vs etcd concurrency.Mutex: embedded etcd, %d member(s), fsync on; medians of %d rounds [min-max]\n", members, rounds)
+	fmt.Fprintf(w, "etcdlock (ours) vs etcd concurrency.Mutex: etcd %s server processes, %d member(s), fsync on; medians of %d rounds [min-max]\n", version, members, rounds)
 	fmt.Fprintf(w, "ratio = our time / etcd's; rpcs/op = unary calls + streams opened, lease keepalive streams apart (ka/op); allocs/op of the whole process\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\tper\tetcdlock time/op\tetcd time/op\tratio\trpcs/op ours|etcd\tka/op ours|etcd\trevs/op ours|etcd\tallocs/op ours|etcd\ttargets\tmet")
@@ -166,15 +166,15 @@ func printTables(w io.Writer, members, rounds int, scenarios []bench.Scenario, r
 		return
 	}
 
-	fmt.Fprintf(w, "\nper waiting Mutex (medians): client B = heap allocated outside the etcd server + goroutine stacks;\n")
-	fmt.Fprintf(w, "growth = client heap per waiter of the last half of the queue over the first half (1 = O(1)); process heap includes etcd\n\n")
+	fmt.Fprintf(w, "\nper waiting Mutex (medians): client B = heap + goroutine stacks of this process (etcd runs in processes of its own);\n")
+	fmt.Fprintf(w, "growth = heap per waiter of the last half of the queue over the first half (1 = O(1))\n\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "scenario\timpl\twaiters measured\tclient B\tof which heap\tof which stack\tgoroutines\tgrowth\tprocess heap B")
+	fmt.Fprintln(tw, "scenario\timpl\twaiters measured\tclient B\tof which heap\tof which stack\tgoroutines\tgrowth")
 	for _, sc := range queues {
 		for _, impl := range []string{ours, theirs} {
 			q := bench.Summarize(res[sc.Name][impl]).Queue
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.0f\n",
-				sc.Name, impl, q.Waiters, q.ClientHeap+q.Stack, q.ClientHeap, q.Stack, q.Goroutines, q.Growth, q.ProcessHeap)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\n",
+				sc.Name, impl, q.Waiters, q.ClientHeap+q.Stack, q.ClientHeap, q.Stack, q.Goroutines, q.Growth)
 		}
 	}
 	tw.Flush()
