@@ -113,7 +113,9 @@ func startCompactor(t *testing.T, cli *clientv3.Client) (stop func() int64) {
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	var compactions atomic.Int64
-	wg.Go(func() {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
 		for ctx.Err() == nil {
 			resp, err := cli.Get(ctx, "compact-probe")
 			if err == nil {
@@ -126,7 +128,7 @@ func startCompactor(t *testing.T, cli *clientv3.Client) (stop func() int64) {
 			case <-time.After(3 * time.Millisecond):
 			}
 		}
-	})
+	}()
 	return func() int64 {
 		cancel()
 		wg.Wait()
