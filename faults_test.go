@@ -1103,6 +1103,10 @@ func TestDoCancelsOnLoss(t *testing.T) {
 	}
 	require.ErrorIs(t, err2, etcdlock.ErrLockLost)
 	require.ErrorIs(t, err2, errFn)
+	// It reads well in a log: one line, the package's prefix once.
+	require.NotContains(t, err2.Error(), "\n")
+	require.Equal(t, 1, strings.Count(err2.Error(), "etcdlock:"), "%q", err2)
+	t.Logf("Do returned %q", err2)
 	c := <-cancelledc
 	require.ErrorIs(t, c.cause, etcdlock.ErrLockLost)
 	require.Less(t, c.at.Sub(lost), time.Second, "fn's ctx cancelled %v after the loss", c.at.Sub(lost))

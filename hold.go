@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -83,10 +82,10 @@ func (m *Mutex) Err() error {
 	if h.err == nil && !h.ended {
 		// Losses that need no watch to be known.
 		if err := m.s.Err(); err != nil {
-			return fmt.Errorf("%w: %w", ErrLockLost, err)
+			return errorf("%w: %w", ErrLockLost, err)
 		}
 		if !h.maxDeadline.IsZero() && time.Now().After(h.maxDeadline.Add(-m.s.expiryMargin())) {
-			return fmt.Errorf("%w: %w", ErrLockLost, errMaxHold)
+			return errorf("%w: %w", ErrLockLost, errMaxHold)
 		}
 	}
 	return h.err
@@ -95,7 +94,8 @@ func (m *Mutex) Err() error {
 // Do locks m, runs fn, and unlocks m. fn's ctx is cancelled the moment the
 // hold is lost, with context.Cause matching ErrLockLost. If the hold was
 // lost, Do's error matches ErrLockLost and also carries fn's error. If Lock
-// fails, fn does not run and Do returns Lock's error.
+// fails, fn does not run and Do returns Lock's error. The error is one
+// line; errors.Is matches each error it carries.
 func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	if err := m.Lock(ctx); err != nil {
 		return err
@@ -120,10 +120,15 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 	cancel(nil)
 
 	uerr := m.unlockSurely(ctx)
-	if errors.Is(uerr, ErrLockLost) {
-		return errors.Join(uerr, fnErr)
+	switch {
+	case uerr != nil && errors.Is(fnErr, uerr):
+		// fn returned the loss (its ctx's cause), perhaps wrapped: that
+		// says it all.
+		return fnErr
+	case errors.Is(uerr, ErrLockLost):
+		return join(uerr, fnErr)
 	}
-	return errors.Join(fnErr, uerr)
+	return join(fnErr, uerr)
 }
 
 // unlockSurely unlocks m, trying again while etcd cannot answer (a leader
@@ -178,11 +183,11 @@ func (m *Mutex) lose(h *hold, cause error) {
 	if h.unlocking {
 		// Unlock ends the hold and reports what it finds; should its
 		// RPC fail, it ends the hold with this loss.
-		h.lostMidUnlock = fmt.Errorf("%w: %w", ErrLockLost, cause)
+		h.lostMidUnlock = errorf("%w: %w", ErrLockLost, cause)
 		return
 	}
 	h.ended = true
-	h.err = fmt.Errorf("%w: %w", ErrLockLost, cause)
+	h.err = errorf("%w: %w", ErrLockLost, cause)
 	close(h.done)
 }
 
@@ -236,7 +241,7 @@ func (m *Mutex) watchKey(ctx context.Context, h *hold) (lost error) {
 		return nil
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
-		return fmt.Errorf("key %s was deleted", m.key)
+		return errorf("key %s was deleted", m.key)
 	}
 	for {
 		select {
@@ -250,7 +255,7 @@ func (m *Mutex) watchKey(ctx context.Context, h *hold) (lost error) {
 				// A lagging member may replay the deletion of an earlier
 				// key of the same name; this one was alive at the read.
 				if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > resp.Header.Revision {
-					return fmt.Errorf("key %s was deleted", m.key)
+					return errorf("key %s was deleted", m.key)
 				}
 			}
 		}
@@ -268,7 +273,7 @@ func (m *Mutex) limitHold(ctx context.Context, h *hold) error {
 	sent := time.Now()
 	g, err := m.s.cli.Grant(ctx, ttlSeconds(m.opts.maxHold))
 	if err != nil {
-		return m.fail(ctx, h.rev, fmt.Errorf("etcdlock: grant max hold lease: %w", err))
+		return m.fail(ctx, h.rev, errorf("grant max hold lease: %w", err))
 	}
 	h.maxLease = g.ID
 	m.s.trackLease(g.ID, true) // Close revokes it
@@ -277,7 +282,7 @@ func (m *Mutex) limitHold(ctx context.Context, h *hold) error {
 		Then(clientv3.OpPut(m.key, "", clientv3.WithLease(g.ID))).
 		Commit()
 	if err == nil && !resp.Succeeded {
-		err = fmt.Errorf("%w: key %s was deleted", ErrLockLost, m.key)
+		err = errorf("%w: key %s was deleted", ErrLockLost, m.key)
 	}
 	if err != nil {
 		m.revokeMaxHold(ctx, h)

@@ -140,16 +140,16 @@ func (m *Mutex) lock(ctx context.Context, wait bool) error {
 
 func (m *Mutex) validate() error {
 	if m.s == nil {
-		return fmt.Errorf("%w: Mutex has no Session", ErrSessionExpired)
+		return errorf("%w: Mutex has no Session", ErrSessionExpired)
 	}
 	if m.opts.err != nil {
 		return m.opts.err
 	}
 	if m.name == "" {
-		return fmt.Errorf("%w: empty name", ErrInvalidName)
+		return errorf("%w: empty name", ErrInvalidName)
 	}
 	if len(m.name) > MaxNameLen {
-		return fmt.Errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(m.name), MaxNameLen)
+		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(m.name), MaxNameLen)
 	}
 	return nil
 }
@@ -375,7 +375,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	case sessionErr != nil:
 		// The session ended, and its lease with it (or soon): the delete
 		// above was only tidying up.
-		err = fmt.Errorf("%w: %w", ErrLockLost, sessionErr)
+		err = errorf("%w: %w", ErrLockLost, sessionErr)
 	case err != nil:
 		m.mu.Lock()
 		h.unlocking = false
@@ -386,9 +386,9 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 			close(h.done)
 		}
 		m.mu.Unlock()
-		return fmt.Errorf("etcdlock: unlock %s: %w", m.key, err)
+		return errorf("unlock %s: %w", m.key, err)
 	case !resp.Succeeded:
-		err = fmt.Errorf("%w: key %s was deleted before Unlock", ErrLockLost, m.key)
+		err = errorf("%w: key %s was deleted before Unlock", ErrLockLost, m.key)
 	}
 	m.endHold(h, err)
 	m.revokeMaxHold(ctx, h)
@@ -483,7 +483,7 @@ func (m *Mutex) fail(ctx context.Context, rev int64, err error) error {
 		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev))
 	}
 	if _, cerr := txn.Then(clientv3.OpDelete(m.key)).Commit(); cerr != nil {
-		return errors.Join(err, fmt.Errorf("etcdlock: remove %s after failed lock: %w", m.key, cerr))
+		return join(err, errorf("remove %s after failed lock: %w", m.key, cerr))
 	}
 	return err
 }
@@ -492,7 +492,7 @@ func (m *Mutex) fail(ctx context.Context, rev int64, err error) error {
 func (m *Mutex) rpcErr(err error) error {
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		m.s.lost()
-		return fmt.Errorf("%w: %w", ErrSessionExpired, err)
+		return errorf("%w: %w", ErrSessionExpired, err)
 	}
 	return err
 }

@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -61,7 +60,7 @@ type nameLock struct {
 // WithContext context, or the end of the lease.
 func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if cli == nil {
-		return nil, fmt.Errorf("%w: nil client", ErrInvalidOption)
+		return nil, errorf("%w: nil client", ErrInvalidOption)
 	}
 	o := defaultSessionOptions()
 	for _, opt := range opts {
@@ -75,16 +74,16 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if id == 0 {
 		resp, err := cli.Grant(o.ctx, ttlSeconds(o.ttl))
 		if err != nil {
-			return nil, fmt.Errorf("etcdlock: grant lease: %w", err)
+			return nil, errorf("grant lease: %w", err)
 		}
 		id, ttl, left = resp.ID, time.Duration(resp.TTL)*time.Second, time.Duration(resp.TTL)*time.Second
 	} else {
 		resp, err := cli.TimeToLive(o.ctx, id)
 		if err != nil {
-			return nil, fmt.Errorf("etcdlock: look up lease %x: %w", id, err)
+			return nil, errorf("look up lease %x: %w", id, err)
 		}
 		if resp.TTL < 0 { // -1: no such lease; 0 is a live lease with under 1s left
-			return nil, fmt.Errorf("%w: lease %x does not exist", ErrSessionExpired, id)
+			return nil, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
 		}
 		ttl = time.Duration(resp.GrantedTTL) * time.Second
 		// Renew at once: the lease may have little time left, less than
@@ -92,10 +91,10 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		sent = time.Now()
 		ka, err := cli.KeepAliveOnce(o.ctx, id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return nil, fmt.Errorf("%w: lease %x does not exist", ErrSessionExpired, id)
+			return nil, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("etcdlock: renew lease %x: %w", id, err)
+			return nil, errorf("renew lease %x: %w", id, err)
 		}
 		left = time.Duration(ka.TTL) * time.Second
 	}
@@ -164,10 +163,10 @@ func (s *Session) Close() error {
 	for _, id := range ids {
 		_, err := s.cli.Revoke(ctx, id)
 		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			errs = append(errs, fmt.Errorf("etcdlock: revoke lease %x: %w", id, err))
+			errs = append(errs, errorf("revoke lease %x: %w", id, err))
 		}
 	}
-	return errors.Join(errs...)
+	return join(errs...)
 }
 
 // trackLease records (add) or forgets a WithMaxHold lease of one of the
@@ -199,7 +198,7 @@ func (s *Session) shutdown() bool {
 	s.mu.Unlock()
 	s.stop()
 	<-s.loopDone
-	s.end(fmt.Errorf("%w: session closed", ErrSessionExpired))
+	s.end(errorf("%w: session closed", ErrSessionExpired))
 	return first
 }
 
@@ -241,10 +240,10 @@ func (s *Session) keepAlive(ctx context.Context) {
 			if s.shuttingDown() {
 				return // shutdown sets the reason
 			}
-			s.end(fmt.Errorf("%w: session context ended: %w", ErrSessionExpired, ctx.Err()))
+			s.end(errorf("%w: session context ended: %w", ErrSessionExpired, ctx.Err()))
 			return
 		case <-expire.C:
-			s.end(fmt.Errorf("%w: lease %x not renewed within its TTL", ErrSessionExpired, s.id))
+			s.end(errorf("%w: lease %x not renewed within its TTL", ErrSessionExpired, s.id))
 			return
 		case <-next.C:
 			expire.Stop()
@@ -265,7 +264,7 @@ func (s *Session) keepAlive(ctx context.Context) {
 			s.mu.Unlock()
 			next.Reset(max(0, interval-time.Since(sent)))
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			s.end(fmt.Errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
+			s.end(errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
 			return
 		default:
 			// etcd unreachable or busy: try again soon, until the deadline.
@@ -294,7 +293,7 @@ func (s *Session) bound(ctx context.Context) (context.Context, context.CancelFun
 
 // lost ends the session because etcd says its lease is gone.
 func (s *Session) lost() {
-	s.end(fmt.Errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
+	s.end(errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
 }
 
 // acquireName takes the session-local right to queue for name. With wait it

@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -210,7 +209,7 @@ func (m *Mutex) watchErr(ctx context.Context, wr clientv3.WatchResponse) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return fmt.Errorf("%w: %w", errWatchBroken, wr.Err())
+	return errorf("%w: %w", errWatchBroken, wr.Err())
 }
 
 // check reads, in one round trip, whether the key created at rev is still
@@ -262,11 +261,11 @@ func (m *Mutex) lostWhileWaiting(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("%w: key %s deleted while waiting (lease check failed: %w)", ErrLockLost, m.key, m.rpcErr(err))
+		return errorf("%w: key %s deleted while waiting (lease check failed: %w)", ErrLockLost, m.key, m.rpcErr(err))
 	}
 	if resp.TTL < 0 { // -1: no such lease; 0 is a live lease with under 1s left
 		m.s.lost()
 		return m.s.Err()
 	}
-	return fmt.Errorf("%w: key %s deleted while waiting", ErrLockLost, m.key)
+	return errorf("%w: key %s deleted while waiting", ErrLockLost, m.key)
 }
