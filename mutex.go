@@ -363,10 +363,17 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	lostErr := h.err
 	m.mu.Unlock()
 
-	resp, err := m.s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
-		Then(clientv3.OpDelete(m.key)).
-		Commit()
+	var resp *clientv3.TxnResponse
+	var err error
+	if cerr := m.s.cli.Ctx().Err(); cerr != nil {
+		// A closed client can send nothing (and ends the session).
+		err = errorf("%w: %w", errClientClosed, cerr)
+	} else {
+		resp, err = m.s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
+			Then(clientv3.OpDelete(m.key)).
+			Commit()
+	}
 	sessionErr := m.s.Err()
 	switch {
 	case lostErr != nil:

@@ -37,8 +37,8 @@ type Session struct {
 	endCtx    context.Context
 	endCancel context.CancelCauseFunc
 
-	stop     context.CancelFunc // stops the keepalive loop
-	loopDone chan struct{}      // closed when the keepalive loop returned
+	stop     func()        // stops the keepalive loop
+	loopDone chan struct{} // closed when the keepalive loop returned
 
 	mu       sync.Mutex // guards err, deadline, closed, names
 	err      error      // why the session ended; nil while it runs
@@ -47,6 +47,9 @@ type Session struct {
 	names    map[string]*nameLock
 	extra    map[clientv3.LeaseID]struct{} // WithMaxHold leases not yet revoked
 }
+
+// errClientClosed is why a session ends when its client was closed.
+var errClientClosed = errors.New("etcd client closed")
 
 // nameLock lets one Mutex of a session at a time queue for or hold a name:
 // they all share the key name/<lease>, so etcd cannot tell them apart.
@@ -57,7 +60,7 @@ type nameLock struct {
 
 // NewSession grants a lease (or adopts one, see WithLease) and starts
 // keeping it alive. The keepalive goroutine ends with Close, Orphan, the
-// WithContext context, or the end of the lease.
+// WithContext context, the client's Close, or the end of the lease.
 func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if cli == nil {
 		return nil, errorf("%w: nil client", ErrInvalidOption)
@@ -99,7 +102,11 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		left = time.Duration(ka.TTL) * time.Second
 	}
 
-	ctx, stop := context.WithCancel(o.ctx)
+	// The session ends when the client is closed, as etcd's does: a
+	// closed client can renew nothing, and the session would otherwise
+	// try until its TTL ran out.
+	ctx, stop := context.WithCancelCause(o.ctx)
+	unwatch := context.AfterFunc(cli.Ctx(), func() { stop(errClientClosed) })
 	endCtx, endCancel := context.WithCancelCause(context.Background())
 	s := &Session{
 		endCtx:    endCtx,
@@ -108,12 +115,12 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		id:        id,
 		ttl:       ttl,
 		donec:     make(chan struct{}),
-		stop:      stop,
+		stop:      func() { stop(nil) },
 		loopDone:  make(chan struct{}),
 		deadline:  sent.Add(left),
 		names:     make(map[string]*nameLock),
 	}
-	go s.keepAlive(ctx)
+	go s.keepAlive(ctx, unwatch)
 	return s, nil
 }
 
@@ -127,8 +134,8 @@ func (s *Session) Lease() clientv3.LeaseID { return s.id }
 func (s *Session) TTL() time.Duration { return s.ttl }
 
 // Done returns a channel closed when the session ends: Close, Orphan, the
-// WithContext context ending, the lease revoked, or the lease's life running
-// out without a confirmed renewal. Locks held through the session must be
+// WithContext context ending, the client closed, the lease revoked, or the
+// lease's life running out without a confirmed renewal. Locks held through the session must be
 // taken as lost from then on.
 func (s *Session) Done() <-chan struct{} { return s.donec }
 
@@ -142,13 +149,20 @@ func (s *Session) Err() error {
 }
 
 // Close ends the session and revokes its lease (and the leases of its
-// WithMaxHold holds), which releases every lock of the session at once. It waits for the keepalive goroutine to end. A lease
-// that has already expired is not an error; calling Close again does
-// nothing. If the revoke fails (etcd unreachable), the locks are released
-// when the lease expires, at most TTL later, and Close returns the error.
+// WithMaxHold holds), which releases every lock of the session at once. It
+// waits for the keepalive goroutine to end. A lease that has already
+// expired is not an error; calling Close again does nothing. If the revoke
+// fails (etcd unreachable, or the client already closed), the locks are
+// released when the lease expires, at most TTL later, and Close returns
+// the error.
 func (s *Session) Close() error {
 	if !s.shutdown() {
 		return nil
+	}
+	if err := s.cli.Ctx().Err(); err != nil {
+		// Every RPC on a closed client fails, and etcd's client logs each
+		// failure: do not try.
+		return errorf("lease %x not revoked: %w: %w", s.id, errClientClosed, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 	defer cancel()
@@ -220,10 +234,12 @@ func (s *Session) expiryMargin() time.Duration {
 	return max(100*time.Millisecond, s.ttl/50)
 }
 
-// keepAlive renews the lease every TTL/3 until the session is stopped or
-// the lease is known, or must be assumed, to be gone.
-func (s *Session) keepAlive(ctx context.Context) {
+// keepAlive renews the lease every TTL/3 until the session is stopped, its
+// client is closed, or the lease is known, or must be assumed, to be gone.
+// unwatch is called as it returns.
+func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 	defer close(s.loopDone)
+	defer unwatch()
 	interval := s.ttl / 3
 	retry := min(interval, 500*time.Millisecond)
 
@@ -239,6 +255,12 @@ func (s *Session) keepAlive(ctx context.Context) {
 			expire.Stop()
 			if s.shuttingDown() {
 				return // shutdown sets the reason
+			}
+			if errors.Is(context.Cause(ctx), errClientClosed) {
+				// The lease lives on until its TTL runs out: there is
+				// no client left to revoke it with.
+				s.end(errorf("%w: %w", ErrSessionExpired, errClientClosed))
+				return
 			}
 			s.end(errorf("%w: session context ended: %w", ErrSessionExpired, ctx.Err()))
 			return

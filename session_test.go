@@ -6,7 +6,10 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
 )
 
 // closed reports whether c is closed, without waiting.
@@ -132,4 +135,57 @@ func TestSessionKeepsLeaseAlive(t *testing.T) {
 	require.NoError(t, m.Unlock(t.Context()))
 	require.True(t, closed(done))
 	require.NoError(t, m.Err())
+}
+
+// TestSessionEndsWithClient: a program that closes only its client (etcd's
+// own tests do) ends its sessions with it, as etcd's Session does: Done
+// closes at once, Err says the client was closed, the holds and waits of
+// the session end with it, and no goroutine of the session outlives it.
+// Before, the session renewed on the closed client until its TTL ran out.
+func TestSessionEndsWithClient(t *testing.T) {
+	name := lockName(t)
+	holder := etcdlock.NewMutex(newSession(t, newClient(t)), name+"-other")
+	require.NoError(t, holder.Lock(t.Context()))
+	// Everything running from here on is this test's client and session.
+	running := goleak.IgnoreCurrent()
+
+	cli, err := cluster.NewClient(clientv3.Config{})
+	require.NoError(t, err)
+	s, err := etcdlock.NewSession(cli) // never closed: only the client is
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name)
+	require.NoError(t, m.Lock(t.Context()))
+	held := m.Done()
+	w := startWaiter(t.Context(), etcdlock.NewMutex(s, name+"-other"))
+	require.Equal(t, holder.Key(), w.waitIdle(t))
+
+	require.NoError(t, cli.Close())
+	closed := time.Now()
+	select {
+	case <-s.Done():
+	case <-time.After(time.Second):
+		t.Fatalf("session still running 1s after its client was closed (TTL %v)", s.TTL())
+	}
+	t.Logf("session ended %v after its client was closed", time.Since(closed))
+	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionExpired)
+	require.Contains(t, s.Err().Error(), "client closed")
+	select {
+	case <-held:
+	case <-time.After(time.Second):
+		t.Fatal("the hold did not end with the session")
+	}
+	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+	require.ErrorIs(t, m.Err(), etcdlock.ErrSessionExpired)
+	require.ErrorIs(t, w.result(t, time.Second), etcdlock.ErrSessionExpired)
+	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+
+	// Nothing of the session is left running (goleak waits a moment for
+	// goroutines that are ending).
+	require.NoError(t, leakcheck.Find(running))
+
+	// Close can no longer revoke the lease, and says so.
+	err = s.Close()
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "client closed")
+	require.NoError(t, holder.Unlock(t.Context()))
 }
