@@ -40,10 +40,11 @@ type Session struct {
 	stop     func()        // stops the keepalive loop
 	loopDone chan struct{} // closed when the keepalive loop returned
 
-	mu       sync.Mutex // guards err, deadline, closed, names
+	mu       sync.Mutex // guards err, deadline, closed, revoking, names, extra
 	err      error      // why the session ended; nil while it runs
 	deadline time.Time  // the lease is known to live until then
 	closed   bool       // Close or Orphan was called
+	revoking bool       // Close was called: it revokes the leases, once
 	names    map[string]*nameLock
 	extra    map[clientv3.LeaseID]struct{} // WithMaxHold leases not yet revoked
 }
@@ -151,12 +152,18 @@ func (s *Session) Err() error {
 // Close ends the session and revokes its lease (and the leases of its
 // WithMaxHold holds), which releases every lock of the session at once. It
 // waits for the keepalive goroutine to end. A lease that has already
-// expired is not an error; calling Close again does nothing. If the revoke
+// expired is not an error; calling Close again does nothing. Close after
+// Orphan revokes the lease, as etcd's Session does. If the revoke
 // fails (etcd unreachable, or the client already closed), the locks are
 // released when the lease expires, at most TTL later, and Close returns
 // the error.
 func (s *Session) Close() error {
-	if !s.shutdown() {
+	s.shutdown()
+	s.mu.Lock()
+	again := s.revoking
+	s.revoking = true
+	s.mu.Unlock()
+	if again {
 		return nil
 	}
 	if err := s.cli.Ctx().Err(); err != nil {
@@ -200,20 +207,18 @@ func (s *Session) trackLease(id clientv3.LeaseID, add bool) {
 
 // Orphan ends the session without revoking its lease: keepalives stop and
 // the session's locks are released when the lease expires, TTL from the last
-// renewal. It waits for the keepalive goroutine to end.
+// renewal, or when Close is called. It waits for the keepalive goroutine to
+// end. Calling Orphan again, or after Close, does nothing.
 func (s *Session) Orphan() { s.shutdown() }
 
-// shutdown stops the keepalive loop and ends the session. It reports
-// whether this call was the first Close or Orphan.
-func (s *Session) shutdown() bool {
+// shutdown stops the keepalive loop and ends the session.
+func (s *Session) shutdown() {
 	s.mu.Lock()
-	first := !s.closed
 	s.closed = true
 	s.mu.Unlock()
 	s.stop()
 	<-s.loopDone
 	s.end(errorf("%w: session closed", ErrSessionExpired))
-	return first
 }
 
 // end records why the session ended and closes Done, once.

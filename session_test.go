@@ -66,6 +66,39 @@ func TestSessionOrphanLeavesLease(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestSessionCloseAfterOrphan: Close after Orphan revokes the lease, as
+// etcd's Session does, and releases the locks at once rather than a TTL
+// later. Before, Close after Orphan did nothing.
+func TestSessionCloseAfterOrphan(t *testing.T) {
+	cli := newClient(t)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(30*time.Second))
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name)
+	require.NoError(t, m.Lock(t.Context()))
+	w := startWaiter(t.Context(), etcdlock.NewMutex(newSession(t, cli), name))
+	require.Equal(t, m.Key(), w.waitIdle(t))
+
+	s.Orphan()
+	ttl, err := cli.TimeToLive(t.Context(), s.Lease())
+	require.NoError(t, err)
+	require.Positive(t, ttl.TTL, "Orphan must not revoke the lease")
+	w.assertWaiting(t)
+
+	require.NoError(t, s.Close())
+	ttl, err = cli.TimeToLive(t.Context(), s.Lease())
+	require.NoError(t, err)
+	require.EqualValues(t, -1, ttl.TTL, "Close after Orphan did not revoke the lease")
+	// The lock passes on now, not when the 30s TTL runs out.
+	require.NoError(t, w.result(t, 5*time.Second))
+	require.Equal(t, []string{w.m.Key()}, keys(t, cli, name))
+
+	require.NoError(t, s.Close(), "second Close")
+	s.Orphan() // after Close: nothing to do
+	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+	require.NoError(t, w.m.Unlock(t.Context()))
+}
+
 func TestSessionEndsWhenLeaseRevoked(t *testing.T) {
 	cli := newClient(t)
 	// TTL 3s: the session renews every second and learns at the next
