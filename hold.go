@@ -23,11 +23,11 @@ type hold struct {
 	maxDeadline time.Time // the hold surely ends by then; Done closes before
 
 	// Guarded by Mutex.mu.
-	err           error  // ErrLockLost after an involuntary end
-	ended         bool   // done is closed
-	unlocking     bool   // Unlock has begun
-	lostMidUnlock error  // a loss seen while Unlock ran; Unlock reports it
-	stop          func() // stops the loss watch; nil until Done asks for it
+	err           error                 // ErrLockLost after an involuntary end
+	ended         bool                  // done is closed
+	unlocking     bool                  // Unlock has begun
+	lostMidUnlock error                 // a loss seen while Unlock ran; Unlock reports it
+	stop          func(context.Context) // stops the loss watch; nil until Done asks for it
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -53,12 +53,23 @@ func (m *Mutex) Done() <-chan struct{} {
 		return closedChan
 	}
 	if h.stop == nil && !h.ended {
+		// Unlock stops the watch, and lets a read the watch has in flight
+		// finish, unless Unlock's own ctx ends first (see watchKey).
 		ctx, cancel := context.WithCancel(context.Background())
+		rpcCtx, cancelRPC := context.WithCancel(context.Background())
 		exited := make(chan struct{})
-		h.stop = func() { cancel(); <-exited }
+		h.stop = func(uctx context.Context) {
+			cancel()
+			select {
+			case <-exited:
+			case <-uctx.Done():
+			}
+			cancelRPC()
+			<-exited
+		}
 		go func() {
 			defer close(exited)
-			m.watchHold(ctx, h)
+			m.watchHold(ctx, rpcCtx, h)
 		}()
 	}
 	return h.done
@@ -157,8 +168,10 @@ func (m *Mutex) unlockSurely(ctx context.Context) error {
 	}
 }
 
-// endHold ends h with err (nil for Unlock), once, and stops its loss watch.
-func (m *Mutex) endHold(h *hold, err error) {
+// endHold ends h with err (nil for Unlock), once, and stops its loss
+// watch. ctx is Unlock's: it bounds the wait for a read the watch has in
+// flight.
+func (m *Mutex) endHold(ctx context.Context, h *hold, err error) {
 	m.mu.Lock()
 	stop := h.stop
 	if !h.ended {
@@ -168,7 +181,7 @@ func (m *Mutex) endHold(h *hold, err error) {
 	}
 	m.mu.Unlock()
 	if stop != nil {
-		stop()
+		stop(ctx)
 	}
 }
 
@@ -193,19 +206,26 @@ func (m *Mutex) lose(h *hold, cause error) {
 
 // watchHold ends h when its key is deleted, its session ends or its max
 // hold passes; it returns when ctx (stopped by Unlock) ends or h is lost.
-func (m *Mutex) watchHold(ctx context.Context, h *hold) {
+// Its reads use rpcCtx, which Unlock cancels only if its own ctx ends
+// before the read does.
+func (m *Mutex) watchHold(ctx, rpcCtx context.Context, h *hold) {
 	// The session's end and the max hold deadline end the hold whatever
 	// the watch is doing, even blocked on a link that is cut.
 	ctx, cancel := m.s.bound(ctx)
 	defer cancel()
+	rpcCtx, cancelRPC := m.s.bound(rpcCtx)
+	defer cancelRPC()
 	if !h.maxDeadline.IsZero() {
-		var cancelMax context.CancelFunc
-		ctx, cancelMax = context.WithDeadlineCause(ctx, h.maxDeadline.Add(-m.s.expiryMargin()), errMaxHold)
+		limit := h.maxDeadline.Add(-m.s.expiryMargin())
+		var cancelMax, cancelMaxRPC context.CancelFunc
+		ctx, cancelMax = context.WithDeadlineCause(ctx, limit, errMaxHold)
 		defer cancelMax()
+		rpcCtx, cancelMaxRPC = context.WithDeadlineCause(rpcCtx, limit, errMaxHold)
+		defer cancelMaxRPC()
 	}
 	backoff := 50 * time.Millisecond
 	for {
-		if lost := m.watchKey(ctx, h); lost != nil {
+		if lost := m.watchKey(ctx, rpcCtx, h); lost != nil {
 			m.lose(h, lost)
 			return
 		}
@@ -228,16 +248,21 @@ func (m *Mutex) watchHold(ctx context.Context, h *hold) {
 
 // watchKey watches h's key from now, checks it is still h's, and waits. It
 // returns the cause of a loss, or nil when ctx ended or the watch broke.
-func (m *Mutex) watchKey(ctx context.Context, h *hold) (lost error) {
+func (m *Mutex) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	ch, _, err := m.openWatch(wctx, m.key)
 	if err != nil {
 		return nil
 	}
-	// The watch starts now; one read covers the time before it.
-	resp, err := m.s.cli.Get(wctx, m.key)
-	if err != nil {
+	// The watch starts now; one read covers the time before it. Unlock
+	// does not cancel the read, it waits for it: etcd's client logs every
+	// unary call that fails, a cancelled one too, as a warning, and a
+	// program that locks, calls Done and unlocks must log nothing.
+	gctx, gcancel := context.WithTimeout(clientv3.WithRequireLeader(rpcCtx), cleanupTimeout)
+	resp, err := m.s.cli.Get(gctx, m.key)
+	gcancel()
+	if err != nil || ctx.Err() != nil {
 		return nil
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
@@ -275,8 +300,10 @@ func (m *Mutex) limitHold(ctx context.Context, h *hold) error {
 	if err != nil {
 		return m.fail(ctx, h.rev, errorf("grant max hold lease: %w", err))
 	}
-	h.maxLease = g.ID
-	m.s.trackLease(g.ID, true) // Close revokes it
+	// etcd counts the lease from when it received the grant: no earlier
+	// than sent.
+	h.maxLease, h.maxDeadline = g.ID, sent.Add(time.Duration(g.TTL)*time.Second)
+	m.s.trackLease(h.maxLease, h.maxDeadline) // Close revokes it
 	resp, err := m.s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
 		Then(clientv3.OpPut(m.key, "", clientv3.WithLease(g.ID))).
@@ -288,22 +315,24 @@ func (m *Mutex) limitHold(ctx context.Context, h *hold) error {
 		m.revokeMaxHold(ctx, h)
 		return m.fail(ctx, h.rev, err)
 	}
-	// etcd counts the lease from when it received the grant: no earlier
-	// than sent.
-	h.maxDeadline = sent.Add(time.Duration(g.TTL) * time.Second)
 	return nil
 }
 
-// revokeMaxHold revokes h's max hold lease, if it has one.
+// revokeMaxHold revokes h's max hold lease, if it has one that has not run
+// out and that Close has not revoked. (Revoking a lease that is gone would
+// fail, and etcd's client would log a warning.)
 func (m *Mutex) revokeMaxHold(ctx context.Context, h *hold) {
-	if h.maxLease == 0 {
+	if h.maxLease == 0 || !m.s.untrackLease(h.maxLease) {
 		return
+	}
+	if !time.Now().Before(h.maxDeadline) || m.s.cli.Ctx().Err() != nil {
+		return // it has run out, or cannot be revoked: it expires on its own
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	// Best effort: if it fails the lease expires on its own at the limit,
 	// and Close tries again.
-	if _, err := m.s.cli.Revoke(cctx, h.maxLease); err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		m.s.trackLease(h.maxLease, false)
+	if _, err := m.s.cli.Revoke(cctx, h.maxLease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		m.s.trackLease(h.maxLease, h.maxDeadline)
 	}
 }

@@ -397,7 +397,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	case !resp.Succeeded:
 		err = errorf("%w: key %s was deleted before Unlock", ErrLockLost, m.key)
 	}
-	m.endHold(h, err)
+	m.endHold(ctx, h, err)
 	m.revokeMaxHold(ctx, h)
 	m.mu.Lock()
 	m.h, m.last = nil, h

@@ -40,13 +40,14 @@ type Session struct {
 	stop     func()        // stops the keepalive loop
 	loopDone chan struct{} // closed when the keepalive loop returned
 
-	mu       sync.Mutex // guards err, deadline, closed, revoking, names, extra
-	err      error      // why the session ended; nil while it runs
-	deadline time.Time  // the lease is known to live until then
-	closed   bool       // Close or Orphan was called
-	revoking bool       // Close was called: it revokes the leases, once
-	names    map[string]*nameLock
-	extra    map[clientv3.LeaseID]struct{} // WithMaxHold leases not yet revoked
+	mu        sync.Mutex // guards err, deadline, closed, revoking, leaseGone, names, extra
+	err       error      // why the session ended; nil while it runs
+	deadline  time.Time  // the lease is known to live until then
+	closed    bool       // Close or Orphan was called
+	revoking  bool       // Close was called: it revokes the leases, once
+	leaseGone bool       // etcd said the lease no longer exists
+	names     map[string]*nameLock
+	extra     map[clientv3.LeaseID]time.Time // WithMaxHold leases not yet revoked, and when they run out
 }
 
 // errClientClosed is why a session ends when its client was closed.
@@ -174,35 +175,59 @@ func (s *Session) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 	defer cancel()
 	s.mu.Lock()
-	ids := []clientv3.LeaseID{s.id}
-	for id := range s.extra {
-		ids = append(ids, id)
-	}
+	gone, extra := s.leaseGone, s.extra
 	s.extra = nil
 	s.mu.Unlock()
 	var errs []error
-	for _, id := range ids {
-		_, err := s.cli.Revoke(ctx, id)
-		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			errs = append(errs, errorf("revoke lease %x: %w", id, err))
+	if !gone {
+		errs = append(errs, s.revoke(ctx, s.id))
+	}
+	for id, until := range extra {
+		if time.Now().Before(until) { // else it has run out
+			errs = append(errs, s.revoke(ctx, id))
 		}
 	}
 	return join(errs...)
 }
 
-// trackLease records (add) or forgets a WithMaxHold lease of one of the
-// session's holds, so that Close revokes it with the session's own.
-func (s *Session) trackLease(id clientv3.LeaseID, add bool) {
+// revoke revokes lease id unless etcd says it no longer exists. It asks
+// first because revoking a lease that is gone fails, and etcd's client
+// logs every failed call as a warning: a program that closes its session
+// after the lease was revoked must not log one. (A lease that ends between
+// the question and the revoke is not an error either, only logged.)
+func (s *Session) revoke(ctx context.Context, id clientv3.LeaseID) error {
+	resp, err := s.cli.TimeToLive(ctx, id)
+	if err == nil && resp.TTL < 0 { // -1: no such lease
+		return nil
+	}
+	if err == nil {
+		_, err = s.cli.Revoke(ctx, id)
+	}
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return errorf("revoke lease %x: %w", id, err)
+	}
+	return nil
+}
+
+// trackLease records a WithMaxHold lease of one of the session's holds,
+// which runs out at until, so that Close revokes it with the session's own.
+func (s *Session) trackLease(id clientv3.LeaseID, until time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !add {
-		delete(s.extra, id)
-		return
-	}
 	if s.extra == nil {
-		s.extra = make(map[clientv3.LeaseID]struct{})
+		s.extra = make(map[clientv3.LeaseID]time.Time)
 	}
-	s.extra[id] = struct{}{}
+	s.extra[id] = until
+}
+
+// untrackLease forgets a lease trackLease recorded, and reports whether it
+// was still recorded: whether the caller, not Close, is to revoke it.
+func (s *Session) untrackLease(id clientv3.LeaseID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.extra[id]
+	delete(s.extra, id)
+	return ok
 }
 
 // Orphan ends the session without revoking its lease: keepalives stop and
@@ -291,7 +316,7 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 			s.mu.Unlock()
 			next.Reset(max(0, interval-time.Since(sent)))
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			s.end(errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
+			s.lost()
 			return
 		default:
 			// etcd unreachable or busy: try again soon, until the deadline.
@@ -318,8 +343,12 @@ func (s *Session) bound(ctx context.Context) (context.Context, context.CancelFun
 	}
 }
 
-// lost ends the session because etcd says its lease is gone.
+// lost ends the session because etcd says its lease is gone, and notes
+// that there is no lease left for Close to revoke.
 func (s *Session) lost() {
+	s.mu.Lock()
+	s.leaseGone = true
+	s.mu.Unlock()
 	s.end(errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
 }
 
