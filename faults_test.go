@@ -1058,6 +1058,117 @@ func TestDoneOnLoss(t *testing.T) {
 	})
 }
 
+// TestLossNamesRevokedLease: when a lease is revoked, the session learns it
+// from whichever of its watches or checks sees a key of the lease go (the
+// hold's loss watch, a waiter's watch on its own key, Unlock), and ends at
+// once rather than at its next renewal (the TTL is 30s: the next renewal
+// is 10s away). Every report of the loss says the lease was revoked, not
+// that a key was deleted; a deleted key is reported as such and leaves the
+// session running. Before, Mutex.Done closed at once with "key ... was
+// deleted" and Session.Done only at the next renewal.
+func TestLossNamesRevokedLease(t *testing.T) {
+	const ttl = 30 * time.Second
+	revoke := func(t *testing.T, s *etcdlock.Session) time.Time {
+		t.Helper()
+		_, err := newClient(t).Revoke(t.Context(), s.Lease())
+		require.NoError(t, err)
+		return time.Now()
+	}
+	sessionEnds := func(t *testing.T, s *etcdlock.Session, since time.Time) {
+		t.Helper()
+		select {
+		case <-s.Done():
+		case <-time.After(2 * time.Second):
+			t.Fatalf("session still running %v after its lease was revoked (TTL %v)", time.Since(since).Round(time.Millisecond), s.TTL())
+		}
+		t.Logf("session ended %v after the revoke", time.Since(since).Round(time.Microsecond))
+		require.ErrorIs(t, s.Err(), etcdlock.ErrSessionExpired)
+	}
+	namesLease := func(t *testing.T, err error, s *etcdlock.Session) {
+		t.Helper()
+		require.ErrorIs(t, err, etcdlock.ErrSessionExpired)
+		require.Contains(t, err.Error(), fmt.Sprintf("lease %x was revoked or expired", s.Lease()))
+		require.NotContains(t, err.Error(), "deleted")
+		require.Equal(t, 1, strings.Count(err.Error(), "etcdlock:"), "%q", err)
+	}
+
+	t.Run("Holder", func(t *testing.T) {
+		probe := newClientProbe()
+		cli := cluster.Client(t, clientv3.Config{DialOptions: probe.DialOptions()})
+		s := newSession(t, cli, etcdlock.WithTTL(ttl))
+		m := etcdlock.NewMutex(s, lockName(t))
+		require.NoError(t, m.Lock(t.Context()))
+		held := m.Done()
+		select { // the loss watch read the key: its watch is in place
+		case <-probe.reads:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the hold's loss watch did not read the key in 10s")
+		}
+		at := revoke(t, s)
+		sessionEnds(t, s, at)
+		select {
+		case <-held:
+		default:
+			t.Fatal("the session ended before the hold")
+		}
+		require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+		namesLease(t, m.Err(), s)
+		err := m.Unlock(t.Context())
+		require.ErrorIs(t, err, etcdlock.ErrLockLost)
+		namesLease(t, err, s)
+	})
+
+	t.Run("Waiter", func(t *testing.T) {
+		cli := newClient(t)
+		name := lockName(t)
+		holder := etcdlock.NewMutex(newSession(t, cli), name)
+		require.NoError(t, holder.Lock(t.Context()))
+		s := newSession(t, cli, etcdlock.WithTTL(ttl))
+		w := startWaiter(t.Context(), etcdlock.NewMutex(s, name))
+		require.Equal(t, holder.Key(), w.waitIdle(t))
+		at := revoke(t, s)
+		err := w.result(t, 2*time.Second)
+		sessionEnds(t, s, at)
+		namesLease(t, err, s)
+		require.NoError(t, holder.Unlock(t.Context()))
+	})
+
+	t.Run("Unlock", func(t *testing.T) {
+		// No Done, no watch: Unlock is the first to see the key gone.
+		cli := newClient(t)
+		s := newSession(t, cli, etcdlock.WithTTL(ttl))
+		m := etcdlock.NewMutex(s, lockName(t))
+		require.NoError(t, m.Lock(t.Context()))
+		at := revoke(t, s)
+		err := m.Unlock(t.Context())
+		require.ErrorIs(t, err, etcdlock.ErrLockLost)
+		namesLease(t, err, s)
+		sessionEnds(t, s, at)
+	})
+
+	t.Run("KeyDeleted", func(t *testing.T) {
+		cli := newClient(t)
+		s := newSession(t, cli, etcdlock.WithTTL(ttl))
+		m := etcdlock.NewMutex(s, lockName(t))
+		require.NoError(t, m.Lock(t.Context()))
+		held := m.Done()
+		_, err := cli.Delete(t.Context(), m.Key())
+		require.NoError(t, err)
+		select {
+		case <-held:
+		case <-time.After(2 * time.Second):
+			t.Fatal("Done not closed within 2s of the key's deletion")
+		}
+		err = m.Err()
+		require.ErrorIs(t, err, etcdlock.ErrLockLost)
+		require.NotErrorIs(t, err, etcdlock.ErrSessionExpired)
+		require.Contains(t, err.Error(), fmt.Sprintf("key %s was deleted", m.Key()))
+		require.Equal(t, 1, strings.Count(err.Error(), "etcdlock:"), "%q", err)
+		require.NoError(t, s.Err(), "a deleted key does not end the session")
+		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+	})
+}
+
 // TestDoCancelsOnLoss: when the hold is lost while fn runs, Do cancels
 // fn's ctx within a second, with a cause matching ErrLockLost, and returns
 // an error that matches ErrLockLost and carries fn's error.

@@ -39,7 +39,10 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // channel if there was none.
 //
 // The first call of a hold starts watching the key; the plain Lock/Unlock
-// path opens no watch. Loss by lease expiry is reported before etcd can
+// path opens no watch. When the key goes, the watch asks etcd whether its
+// lease still exists, so that Err tells a revoked or expired lease ("lease
+// ... was revoked or expired"; the session ends with it) from a deleted
+// key. Loss by lease expiry is reported before etcd can
 // give the lock to anyone else: the session counts its lease's life from
 // when each renewal was sent and ends a margin before it runs out.
 func (m *Mutex) Done() <-chan struct{} {
@@ -266,7 +269,7 @@ func (m *Mutex) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
 		return nil
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
-		return errorf("key %s was deleted", m.key)
+		return m.holdGone(rpcCtx, h)
 	}
 	for {
 		select {
@@ -280,11 +283,26 @@ func (m *Mutex) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
 				// A lagging member may replay the deletion of an earlier
 				// key of the same name; this one was alive at the read.
 				if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > resp.Header.Revision {
-					return errorf("key %s was deleted", m.key)
+					return m.holdGone(rpcCtx, h)
 				}
 			}
 		}
 	}
+}
+
+// holdGone says why h's key is gone, for the loss watch: the lease it was
+// bound to ended (then, for the session's lease, the session ends now
+// rather than at its next renewal), or someone deleted it. A deletion
+// while Unlock runs is most likely Unlock's own: it is not looked into,
+// Unlock tells.
+func (m *Mutex) holdGone(ctx context.Context, h *hold) error {
+	m.mu.Lock()
+	unlocking := h.unlocking
+	m.mu.Unlock()
+	if unlocking {
+		return errorf("key %s was deleted", m.key)
+	}
+	return m.keyGone(ctx, h.maxLease)
 }
 
 // errMaxHold is the cause of a loss by WithMaxHold.
@@ -309,7 +327,7 @@ func (m *Mutex) limitHold(ctx context.Context, h *hold) error {
 		Then(clientv3.OpPut(m.key, "", clientv3.WithLease(g.ID))).
 		Commit()
 	if err == nil && !resp.Succeeded {
-		err = errorf("%w: key %s was deleted", ErrLockLost, m.key)
+		err = errorf("%w: %w", ErrLockLost, m.keyGone(ctx, 0))
 	}
 	if err != nil {
 		m.revokeMaxHold(ctx, h)

@@ -395,7 +395,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		m.mu.Unlock()
 		return errorf("unlock %s: %w", m.key, err)
 	case !resp.Succeeded:
-		err = errorf("%w: key %s was deleted before Unlock", ErrLockLost, m.key)
+		err = errorf("%w before Unlock: %w", ErrLockLost, m.keyGone(ctx, h.maxLease))
 	}
 	m.endHold(ctx, h, err)
 	m.revokeMaxHold(ctx, h)

@@ -137,8 +137,12 @@ func (s *Session) TTL() time.Duration { return s.ttl }
 
 // Done returns a channel closed when the session ends: Close, Orphan, the
 // WithContext context ending, the client closed, the lease revoked, or the
-// lease's life running out without a confirmed renewal. Locks held through the session must be
-// taken as lost from then on.
+// lease's life running out without a confirmed renewal. Locks held through
+// the session must be taken as lost from then on.
+//
+// A revoked lease is learned at the next renewal (TTL/3 at most), or at
+// once when one of the session's locks sees its key go: the loss watch of
+// a hold whose Done was called, a waiting Lock, or Unlock.
 func (s *Session) Done() <-chan struct{} { return s.donec }
 
 // Err returns nil while the session runs, and then why it ended: always an
