@@ -1169,6 +1169,184 @@ func TestLossNamesRevokedLease(t *testing.T) {
 	})
 }
 
+// TestUnlockRetry: when the answer to Unlock's delete is lost, the caller
+// (or Do) calls Unlock again, and the retry finds the key gone. It must not
+// report a loss: Unlock reports ErrLockLost only when the hold is known to
+// have ended before Unlock began. Before, the retry returned ErrLockLost
+// although the first attempt had deleted the key, and Done, if watching,
+// reported the first attempt's own deletion as a loss.
+func TestUnlockRetry(t *testing.T) {
+	// setup returns a held Mutex whose client loses the answer to the
+	// next delete of its key once armed, after etcd applied it.
+	setup := func(t *testing.T) (*etcdlock.Mutex, *clientv3.Client, *replyLoser, *clientProbe) {
+		t.Helper()
+		loser, probe := &replyLoser{}, newClientProbe()
+		cli := cluster.Client(t, clientv3.Config{DialOptions: append(probe.DialOptions(), loser.DialOptions()...)})
+		m := etcdlock.NewMutex(newSession(t, cli), lockName(t))
+		require.NoError(t, m.Lock(t.Context()))
+		return m, cli, loser, probe
+	}
+	// firstAttemptFails calls Unlock, whose answer is lost.
+	firstAttemptFails := func(t *testing.T, m *etcdlock.Mutex, cli *clientv3.Client, loser *replyLoser) {
+		t.Helper()
+		loser.arm(m.Key())
+		err := m.Unlock(t.Context())
+		require.Error(t, err)
+		require.NotErrorIs(t, err, etcdlock.ErrLockLost)
+		require.NotErrorIs(t, err, etcdlock.ErrLockReleased)
+		require.EqualValues(t, 1, loser.lost.Load(), "the answer was not lost: %v", err)
+		require.Empty(t, keys(t, cli, lockName(t)), "etcd applied the delete")
+		require.Positive(t, m.Token(), "the Mutex stays held after a failed Unlock")
+	}
+
+	t.Run("Retried", func(t *testing.T) {
+		m, cli, loser, _ := setup(t)
+		firstAttemptFails(t, m, cli, loser)
+		require.NoError(t, m.Unlock(t.Context()), "the retry found the first attempt's deletion")
+		require.NoError(t, m.Err())
+		require.Zero(t, m.Token())
+		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockReleased)
+	})
+
+	t.Run("RetriedWhileDoneWatches", func(t *testing.T) {
+		m, cli, loser, probe := setup(t)
+		held := m.Done()
+		select { // the loss watch read the key: its watch is in place
+		case <-probe.reads:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the hold's loss watch did not read the key in 10s")
+		}
+		firstAttemptFails(t, m, cli, loser)
+		// The watch saw the key go while the attempt was in flight: the
+		// hold is over, but not known to be lost.
+		select {
+		case <-held:
+		case <-time.After(2 * time.Second):
+			t.Fatal("Done still open 2s after the key went")
+		}
+		require.NoError(t, m.Err())
+		require.NoError(t, m.Unlock(t.Context()))
+		require.NoError(t, m.Err())
+	})
+
+	t.Run("Do", func(t *testing.T) {
+		m, cli, loser, _ := setup(t)
+		require.NoError(t, m.Unlock(t.Context())) // Do locks by itself
+		loser.arm(m.Key())
+		ran := false
+		require.NoError(t, m.Do(t.Context(), func(context.Context) error {
+			ran = true
+			return nil
+		}))
+		require.True(t, ran)
+		require.EqualValues(t, 1, loser.lost.Load(), "Do's Unlock did not lose its answer")
+		require.NoError(t, m.Err())
+		require.Empty(t, keys(t, cli, lockName(t)))
+	})
+
+	t.Run("LostBeforeUnlock", func(t *testing.T) {
+		// Done reported the loss before Unlock: that stands, whatever
+		// becomes of Unlock's own delete.
+		m, cli, loser, _ := setup(t)
+		held := m.Done()
+		_, err := cli.Delete(t.Context(), m.Key())
+		require.NoError(t, err)
+		select {
+		case <-held:
+		case <-time.After(2 * time.Second):
+			t.Fatal("Done still open 2s after the key was deleted")
+		}
+		loser.arm(m.Key())
+		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+		require.EqualValues(t, 1, loser.lost.Load(), "Unlock did not try to tidy up")
+		require.Zero(t, m.Token(), "the Mutex is not held after ErrLockLost")
+	})
+
+	t.Run("NotSent", func(t *testing.T) {
+		// An attempt that was never sent cannot have deleted the key: a
+		// deletion after it is a loss before Unlock.
+		m, cli, _, _ := setup(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		require.ErrorIs(t, m.Unlock(ctx), context.Canceled)
+		_, err := cli.Delete(t.Context(), m.Key())
+		require.NoError(t, err)
+		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+	})
+
+	t.Run("SessionEndsBetweenAttempts", func(t *testing.T) {
+		// The session ends after Unlock began, and the retry cannot
+		// reach etcd: Unlock ends the hold, and says the session ended
+		// rather than that the hold was lost.
+		loser := &replyLoser{}
+		cli := cluster.Client(t, clientv3.Config{DialOptions: loser.DialOptions()})
+		s := newSession(t, cli)
+		m := etcdlock.NewMutex(s, lockName(t))
+		require.NoError(t, m.Lock(t.Context()))
+		firstAttemptFails(t, m, cli, loser)
+		s.Orphan()
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel() // the retry is not sent
+		err := m.Unlock(ctx)
+		require.ErrorIs(t, err, etcdlock.ErrSessionExpired)
+		require.NotErrorIs(t, err, etcdlock.ErrLockLost)
+		require.NoError(t, m.Err())
+		require.Zero(t, m.Token(), "the Mutex is not held once the session ended")
+		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockReleased)
+	})
+
+	t.Run("DeletedByOtherThenRetried", func(t *testing.T) {
+		// The limit of what Unlock can know: the key was deleted by
+		// someone else, unseen, and the answer to Unlock's (failed)
+		// delete was lost. The retry cannot tell this from the case
+		// above and reports no loss, as documented.
+		m, cli, loser, _ := setup(t)
+		_, err := cli.Delete(t.Context(), m.Key())
+		require.NoError(t, err)
+		loser.arm(m.Key())
+		err = m.Unlock(t.Context())
+		require.Error(t, err)
+		require.NotErrorIs(t, err, etcdlock.ErrLockLost)
+		require.EqualValues(t, 1, loser.lost.Load())
+		require.NoError(t, m.Unlock(t.Context()))
+	})
+}
+
+// replyLoser makes a client lose the answer to its next Txn that deletes
+// the armed key, after etcd applied it, as a connection that breaks just
+// then would.
+type replyLoser struct {
+	mu   sync.Mutex
+	key  string // "" when disarmed
+	lost atomic.Int64
+}
+
+func (r *replyLoser) arm(key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.key = key
+}
+
+func (r *replyLoser) DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		txn, ok := req.(*pb.TxnRequest)
+		if !ok || err != nil {
+			return err
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, op := range txn.Success {
+			if d := op.GetRequestDeleteRange(); d != nil && r.key != "" && string(d.Key) == r.key {
+				r.key = ""
+				r.lost.Add(1)
+				return status.Error(codes.Unavailable, "test: the answer was lost")
+			}
+		}
+		return nil
+	})}
+}
+
 // TestDoCancelsOnLoss: when the hold is lost while fn runs, Do cancels
 // fn's ctx within a second, with a cause matching ErrLockLost, and returns
 // an error that matches ErrLockLost and carries fn's error.

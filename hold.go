@@ -23,11 +23,18 @@ type hold struct {
 	maxDeadline time.Time // the hold surely ends by then; Done closes before
 
 	// Guarded by Mutex.mu.
-	err           error                 // ErrLockLost after an involuntary end
-	ended         bool                  // done is closed
-	unlocking     bool                  // Unlock has begun
-	lostMidUnlock error                 // a loss seen while Unlock ran; Unlock reports it
-	stop          func(context.Context) // stops the loss watch; nil until Done asks for it
+	err   error                 // ErrLockLost after an involuntary end
+	ended bool                  // done is closed
+	stop  func(context.Context) // stops the loss watch; nil until Done asks for it
+
+	// Unlock's state, guarded by Mutex.mu. Once an Unlock attempt is sent,
+	// the key may vanish by Unlock's own doing: from then on a vanished
+	// key is no longer evidence of a loss.
+	unlocking     bool  // an Unlock call is under way; another gets ErrLockReleased
+	sent          bool  // an Unlock attempt was sent
+	lostBefore    error // the loss known when the first attempt was sent, or nil
+	maybeDeleted  bool  // an attempt whose outcome is unknown was sent: its delete may have been applied
+	goneMidUnlock bool  // the loss watch saw the hold end while an attempt was in flight, and stopped
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -82,7 +89,8 @@ func (m *Mutex) Done() <-chan struct{} {
 // error matching ErrLockLost once a hold ended involuntarily (until the
 // next Lock). The end of the session and the WithMaxHold limit are always
 // reported; a deleted key only once Done has been called for the hold (Do
-// calls it, and Unlock reports it too).
+// calls it, and Unlock reports it too). Once Unlock has sent its delete,
+// Err reports only the loss Unlock reports: one known before Unlock began.
 func (m *Mutex) Err() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -93,16 +101,26 @@ func (m *Mutex) Err() error {
 	if h == nil {
 		return nil
 	}
-	if h.err == nil && !h.ended {
-		// Losses that need no watch to be known.
-		if err := m.s.Err(); err != nil {
-			return errorf("%w: %w", ErrLockLost, err)
-		}
-		if !h.maxDeadline.IsZero() && time.Now().After(h.maxDeadline.Add(-m.s.expiryMargin())) {
-			return errorf("%w: %w", ErrLockLost, errMaxHold)
-		}
+	switch {
+	case h.err != nil || h.ended:
+		return h.err
+	case h.sent:
+		// Unlock has begun: it reports a loss only if it was known then.
+		return h.lostBefore
 	}
-	return h.err
+	return m.unwatchedLoss(h)
+}
+
+// unwatchedLoss returns the losses of h that need no watch to be known: the
+// session's end, the max hold passing. Called with m.mu held.
+func (m *Mutex) unwatchedLoss(h *hold) error {
+	if err := m.s.Err(); err != nil {
+		return errorf("%w: %w", ErrLockLost, err)
+	}
+	if !h.maxDeadline.IsZero() && time.Now().After(h.maxDeadline.Add(-m.s.expiryMargin())) {
+		return errorf("%w: %w", ErrLockLost, errMaxHold)
+	}
+	return nil
 }
 
 // Do locks m, runs fn, and unlocks m. fn's ctx is cancelled the moment the
@@ -150,7 +168,7 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 // left held would block every waiter for as long as the session lives. It
 // uses a context that outlives a cancelled ctx, since the lock must be
 // released even when the caller gave up. It ends: either etcd answers, or
-// the session ends, and then Unlock reports ErrLockLost.
+// the session ends, and then Unlock ends the hold too.
 func (m *Mutex) unlockSurely(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	backoff := 50 * time.Millisecond
@@ -158,7 +176,7 @@ func (m *Mutex) unlockSurely(ctx context.Context) error {
 		uctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
 		err := m.Unlock(uctx)
 		cancel()
-		if err == nil || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLockReleased) {
+		if err == nil || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLockReleased) || errors.Is(err, ErrSessionExpired) {
 			return err
 		}
 		t := time.NewTimer(backoff)
@@ -188,18 +206,25 @@ func (m *Mutex) endHold(ctx context.Context, h *hold, err error) {
 	}
 }
 
-// lose ends h as lost, from the loss watch. Its stop is not called: the
-// watch is the caller.
+// lose ends h as lost, from the loss watch, unless Unlock may have ended it
+// (see Unlock). Its stop is not called: the watch is the caller.
 func (m *Mutex) lose(h *hold, cause error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if h.ended {
 		return
 	}
-	if h.unlocking {
-		// Unlock ends the hold and reports what it finds; should its
-		// RPC fail, it ends the hold with this loss.
-		h.lostMidUnlock = errorf("%w: %w", ErrLockLost, cause)
+	switch {
+	case h.unlocking && h.sent:
+		// Unlock's answer tells what happened; should its RPC fail,
+		// Unlock ends the hold (see there).
+		h.goneMidUnlock = true
+		return
+	case h.sent:
+		// Between Unlock attempts: an earlier one may have deleted the
+		// key. The hold has ended, not known to be lost.
+		h.ended = true
+		close(h.done)
 		return
 	}
 	h.ended = true
@@ -292,14 +317,14 @@ func (m *Mutex) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
 
 // holdGone says why h's key is gone, for the loss watch: the lease it was
 // bound to ended (then, for the session's lease, the session ends now
-// rather than at its next renewal), or someone deleted it. A deletion
-// while Unlock runs is most likely Unlock's own: it is not looked into,
+// rather than at its next renewal), or someone deleted it. A deletion once
+// Unlock has sent its delete may be Unlock's own: it is not looked into,
 // Unlock tells.
 func (m *Mutex) holdGone(ctx context.Context, h *hold) error {
 	m.mu.Lock()
-	unlocking := h.unlocking
+	sent := h.sent
 	m.mu.Unlock()
-	if unlocking {
+	if sent {
 		return errorf("key %s was deleted", m.key)
 	}
 	return m.keyGone(ctx, h.maxLease)

@@ -184,7 +184,11 @@ func (s *Session) Close() error {
 	s.mu.Unlock()
 	var errs []error
 	if !gone {
-		errs = append(errs, s.revoke(ctx, s.id))
+		err := s.revoke(ctx, s.id)
+		s.mu.Lock()
+		s.leaseGone = err == nil
+		s.mu.Unlock()
+		errs = append(errs, err)
 	}
 	for id, until := range extra {
 		if time.Now().Before(until) { // else it has run out
@@ -345,6 +349,14 @@ func (s *Session) bound(ctx context.Context) (context.Context, context.CancelFun
 		stop()
 		cancel(nil)
 	}
+}
+
+// leaseIsGone reports whether etcd said the session's lease no longer
+// exists (or Close revoked it).
+func (s *Session) leaseIsGone() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leaseGone
 }
 
 // lost ends the session because etcd says its lease is gone, and notes
