@@ -184,6 +184,7 @@ func TestSessionEndsWithClient(t *testing.T) {
 
 	cli, err := cluster.NewClient(clientv3.Config{})
 	require.NoError(t, err)
+	t.Cleanup(func() { cli.Close() })  // should the test fail before it closes it
 	s, err := etcdlock.NewSession(cli) // never closed: only the client is
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, name)
@@ -216,9 +217,15 @@ func TestSessionEndsWithClient(t *testing.T) {
 	// goroutines that are ending).
 	require.NoError(t, leakcheck.Find(running))
 
-	// Close can no longer revoke the lease, and says so.
+	// Close can no longer revoke the lease, and says so: the lease, and
+	// the keys on it, live until its TTL runs out, as with etcd's Session.
 	err = s.Close()
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "client closed")
+	other := newClient(t)
+	require.Len(t, keys(t, other, name), 1)
+	// Revoke it here, so that a rerun (-count) does not queue behind it.
+	_, err = other.Revoke(t.Context(), s.Lease())
+	require.NoError(t, err)
 	require.NoError(t, holder.Unlock(t.Context()))
 }
