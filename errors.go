@@ -1,6 +1,10 @@
 package etcdlock
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // Sentinel errors. Match them with errors.Is: they are usually wrapped with
 // detail.
@@ -22,3 +26,81 @@ var (
 	// ErrInvalidOption is returned by NewSession for an invalid option.
 	ErrInvalidOption = errors.New("etcdlock: invalid option")
 )
+
+// prefix starts the message of every error of this package, exactly once.
+const prefix = "etcdlock: "
+
+// errorf is fmt.Errorf for this package's errors. The message starts with
+// prefix, and the errors among args that start with it too (this
+// package's own) are written without it: however deep the wrapping, a log
+// line reads "etcdlock: lock was lost: session expired: ...", not
+// "etcdlock: lock was lost: etcdlock: session expired: ...". errors.Is
+// and errors.As see every error wrapped with %w.
+func errorf(format string, args ...any) error {
+	for i, a := range args {
+		if err, ok := a.(error); ok {
+			args[i] = &unprefixed{err}
+		}
+	}
+	return &prefixed{fmt.Errorf(format, args...)}
+}
+
+// prefixed is an error whose message starts with prefix.
+type prefixed struct{ err error }
+
+func (e *prefixed) Error() string { return prefix + strings.TrimPrefix(e.err.Error(), prefix) }
+func (e *prefixed) Unwrap() error { return e.err }
+
+// unprefixed is an error written without a leading prefix.
+type unprefixed struct{ err error }
+
+func (e *unprefixed) Error() string { return strings.TrimPrefix(e.err.Error(), prefix) }
+func (e *unprefixed) Unwrap() error { return e.err }
+
+// join is errors.Join on one line, for logs: the messages are separated by
+// "; ", a message equal to an earlier one is left out, and prefix is
+// written once, where it first appears. It returns nil when every err is
+// nil, and the one error when only one is not nil. errors.Is and errors.As
+// see each error.
+func join(errs ...error) error {
+	var nonNil []error
+	for _, err := range errs {
+		if err != nil {
+			nonNil = append(nonNil, err)
+		}
+	}
+	switch len(nonNil) {
+	case 0:
+		return nil
+	case 1:
+		return nonNil[0]
+	}
+	return &joined{nonNil}
+}
+
+// joined is the error join returns.
+type joined struct{ errs []error }
+
+func (e *joined) Error() string {
+	var b strings.Builder
+	written := make(map[string]bool, len(e.errs))
+	hasPrefix := false
+	for _, err := range e.errs {
+		msg, ours := strings.CutPrefix(err.Error(), prefix)
+		if written[msg] {
+			continue
+		}
+		written[msg] = true
+		if b.Len() > 0 {
+			b.WriteString("; ")
+		}
+		if ours && !hasPrefix {
+			b.WriteString(prefix)
+			hasPrefix = true
+		}
+		b.WriteString(msg)
+	}
+	return b.String()
+}
+
+func (e *joined) Unwrap() []error { return e.errs }

@@ -1058,6 +1058,295 @@ func TestDoneOnLoss(t *testing.T) {
 	})
 }
 
+// TestLossNamesRevokedLease: when a lease is revoked, the session learns it
+// from whichever of its watches or checks sees a key of the lease go (the
+// hold's loss watch, a waiter's watch on its own key, Unlock), and ends at
+// once rather than at its next renewal (the TTL is 30s: the next renewal
+// is 10s away). Every report of the loss says the lease was revoked, not
+// that a key was deleted; a deleted key is reported as such and leaves the
+// session running. Before, Mutex.Done closed at once with "key ... was
+// deleted" and Session.Done only at the next renewal.
+func TestLossNamesRevokedLease(t *testing.T) {
+	const ttl = 30 * time.Second
+	revoke := func(t *testing.T, s *etcdlock.Session) time.Time {
+		t.Helper()
+		_, err := newClient(t).Revoke(t.Context(), s.Lease())
+		require.NoError(t, err)
+		return time.Now()
+	}
+	sessionEnds := func(t *testing.T, s *etcdlock.Session, since time.Time) {
+		t.Helper()
+		select {
+		case <-s.Done():
+		case <-time.After(2 * time.Second):
+			t.Fatalf("session still running %v after its lease was revoked (TTL %v)", time.Since(since).Round(time.Millisecond), s.TTL())
+		}
+		t.Logf("session ended %v after the revoke", time.Since(since).Round(time.Microsecond))
+		require.ErrorIs(t, s.Err(), etcdlock.ErrSessionExpired)
+	}
+	namesLease := func(t *testing.T, err error, s *etcdlock.Session) {
+		t.Helper()
+		require.ErrorIs(t, err, etcdlock.ErrSessionExpired)
+		require.Contains(t, err.Error(), fmt.Sprintf("lease %x was revoked or expired", s.Lease()))
+		require.NotContains(t, err.Error(), "deleted")
+		require.Equal(t, 1, strings.Count(err.Error(), "etcdlock:"), "%q", err)
+	}
+
+	t.Run("Holder", func(t *testing.T) {
+		probe := newClientProbe()
+		cli := cluster.Client(t, clientv3.Config{DialOptions: probe.DialOptions()})
+		s := newSession(t, cli, etcdlock.WithTTL(ttl))
+		m := etcdlock.NewMutex(s, lockName(t))
+		require.NoError(t, m.Lock(t.Context()))
+		held := m.Done()
+		select { // the loss watch read the key: its watch is in place
+		case <-probe.reads:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the hold's loss watch did not read the key in 10s")
+		}
+		at := revoke(t, s)
+		sessionEnds(t, s, at)
+		select { // the hold's watch ends the session, then the hold
+		case <-held:
+		case <-time.After(time.Second):
+			t.Fatal("the hold's Done still open 1s after its session ended")
+		}
+		require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+		namesLease(t, m.Err(), s)
+		err := m.Unlock(t.Context())
+		require.ErrorIs(t, err, etcdlock.ErrLockLost)
+		namesLease(t, err, s)
+	})
+
+	t.Run("Waiter", func(t *testing.T) {
+		cli := newClient(t)
+		name := lockName(t)
+		holder := etcdlock.NewMutex(newSession(t, cli), name)
+		require.NoError(t, holder.Lock(t.Context()))
+		s := newSession(t, cli, etcdlock.WithTTL(ttl))
+		w := startWaiter(t.Context(), etcdlock.NewMutex(s, name))
+		require.Equal(t, holder.Key(), w.waitIdle(t))
+		at := revoke(t, s)
+		err := w.result(t, 2*time.Second)
+		sessionEnds(t, s, at)
+		namesLease(t, err, s)
+		require.NoError(t, holder.Unlock(t.Context()))
+	})
+
+	t.Run("Unlock", func(t *testing.T) {
+		// No Done, no watch: Unlock is the first to see the key gone.
+		cli := newClient(t)
+		s := newSession(t, cli, etcdlock.WithTTL(ttl))
+		m := etcdlock.NewMutex(s, lockName(t))
+		require.NoError(t, m.Lock(t.Context()))
+		at := revoke(t, s)
+		err := m.Unlock(t.Context())
+		require.ErrorIs(t, err, etcdlock.ErrLockLost)
+		namesLease(t, err, s)
+		sessionEnds(t, s, at)
+	})
+
+	t.Run("KeyDeleted", func(t *testing.T) {
+		cli := newClient(t)
+		s := newSession(t, cli, etcdlock.WithTTL(ttl))
+		m := etcdlock.NewMutex(s, lockName(t))
+		require.NoError(t, m.Lock(t.Context()))
+		held := m.Done()
+		_, err := cli.Delete(t.Context(), m.Key())
+		require.NoError(t, err)
+		select {
+		case <-held:
+		case <-time.After(2 * time.Second):
+			t.Fatal("Done not closed within 2s of the key's deletion")
+		}
+		err = m.Err()
+		require.ErrorIs(t, err, etcdlock.ErrLockLost)
+		require.NotErrorIs(t, err, etcdlock.ErrSessionExpired)
+		require.Contains(t, err.Error(), fmt.Sprintf("key %s was deleted", m.Key()))
+		require.Equal(t, 1, strings.Count(err.Error(), "etcdlock:"), "%q", err)
+		require.NoError(t, s.Err(), "a deleted key does not end the session")
+		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+	})
+}
+
+// TestUnlockRetry: when the answer to Unlock's delete is lost, the caller
+// (or Do) calls Unlock again, and the retry finds the key gone. It must not
+// report a loss: Unlock reports ErrLockLost only when the hold is known to
+// have ended before Unlock began. Before, the retry returned ErrLockLost
+// although the first attempt had deleted the key, and Done, if watching,
+// reported the first attempt's own deletion as a loss.
+func TestUnlockRetry(t *testing.T) {
+	// setup returns a held Mutex whose client loses the answer to the
+	// next delete of its key once armed, after etcd applied it.
+	setup := func(t *testing.T) (*etcdlock.Mutex, *clientv3.Client, *replyLoser, *clientProbe) {
+		t.Helper()
+		loser, probe := &replyLoser{}, newClientProbe()
+		cli := cluster.Client(t, clientv3.Config{DialOptions: append(probe.DialOptions(), loser.DialOptions()...)})
+		m := etcdlock.NewMutex(newSession(t, cli), lockName(t))
+		require.NoError(t, m.Lock(t.Context()))
+		return m, cli, loser, probe
+	}
+	// firstAttemptFails calls Unlock, whose answer is lost.
+	firstAttemptFails := func(t *testing.T, m *etcdlock.Mutex, cli *clientv3.Client, loser *replyLoser) {
+		t.Helper()
+		loser.arm(m.Key())
+		err := m.Unlock(t.Context())
+		require.Error(t, err)
+		require.NotErrorIs(t, err, etcdlock.ErrLockLost)
+		require.NotErrorIs(t, err, etcdlock.ErrLockReleased)
+		require.EqualValues(t, 1, loser.lost.Load(), "the answer was not lost: %v", err)
+		require.Empty(t, keys(t, cli, lockName(t)), "etcd applied the delete")
+		require.Positive(t, m.Token(), "the Mutex stays held after a failed Unlock")
+	}
+
+	t.Run("Retried", func(t *testing.T) {
+		m, cli, loser, _ := setup(t)
+		firstAttemptFails(t, m, cli, loser)
+		require.NoError(t, m.Unlock(t.Context()), "the retry found the first attempt's deletion")
+		require.NoError(t, m.Err())
+		require.Zero(t, m.Token())
+		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockReleased)
+	})
+
+	t.Run("RetriedWhileDoneWatches", func(t *testing.T) {
+		m, cli, loser, probe := setup(t)
+		held := m.Done()
+		select { // the loss watch read the key: its watch is in place
+		case <-probe.reads:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the hold's loss watch did not read the key in 10s")
+		}
+		firstAttemptFails(t, m, cli, loser)
+		// The watch saw the key go while the attempt was in flight: the
+		// hold is over, but not known to be lost.
+		select {
+		case <-held:
+		case <-time.After(2 * time.Second):
+			t.Fatal("Done still open 2s after the key went")
+		}
+		require.NoError(t, m.Err())
+		require.NoError(t, m.Unlock(t.Context()))
+		require.NoError(t, m.Err())
+	})
+
+	t.Run("Do", func(t *testing.T) {
+		m, cli, loser, _ := setup(t)
+		require.NoError(t, m.Unlock(t.Context())) // Do locks by itself
+		loser.arm(m.Key())
+		ran := false
+		require.NoError(t, m.Do(t.Context(), func(context.Context) error {
+			ran = true
+			return nil
+		}))
+		require.True(t, ran)
+		require.EqualValues(t, 1, loser.lost.Load(), "Do's Unlock did not lose its answer")
+		require.NoError(t, m.Err())
+		require.Empty(t, keys(t, cli, lockName(t)))
+	})
+
+	t.Run("LostBeforeUnlock", func(t *testing.T) {
+		// Done reported the loss before Unlock: that stands, whatever
+		// becomes of Unlock's own delete.
+		m, cli, loser, _ := setup(t)
+		held := m.Done()
+		_, err := cli.Delete(t.Context(), m.Key())
+		require.NoError(t, err)
+		select {
+		case <-held:
+		case <-time.After(2 * time.Second):
+			t.Fatal("Done still open 2s after the key was deleted")
+		}
+		loser.arm(m.Key())
+		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+		require.EqualValues(t, 1, loser.lost.Load(), "Unlock did not try to tidy up")
+		require.Zero(t, m.Token(), "the Mutex is not held after ErrLockLost")
+	})
+
+	t.Run("NotSent", func(t *testing.T) {
+		// An attempt that was never sent cannot have deleted the key: a
+		// deletion after it is a loss before Unlock.
+		m, cli, _, _ := setup(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		require.ErrorIs(t, m.Unlock(ctx), context.Canceled)
+		_, err := cli.Delete(t.Context(), m.Key())
+		require.NoError(t, err)
+		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+	})
+
+	t.Run("SessionEndsBetweenAttempts", func(t *testing.T) {
+		// The session ends after Unlock began, and the retry cannot
+		// reach etcd: Unlock ends the hold, and says the session ended
+		// rather than that the hold was lost.
+		loser := &replyLoser{}
+		cli := cluster.Client(t, clientv3.Config{DialOptions: loser.DialOptions()})
+		s := newSession(t, cli)
+		m := etcdlock.NewMutex(s, lockName(t))
+		require.NoError(t, m.Lock(t.Context()))
+		firstAttemptFails(t, m, cli, loser)
+		s.Orphan()
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel() // the retry is not sent
+		err := m.Unlock(ctx)
+		require.ErrorIs(t, err, etcdlock.ErrSessionExpired)
+		require.NotErrorIs(t, err, etcdlock.ErrLockLost)
+		require.NoError(t, m.Err())
+		require.Zero(t, m.Token(), "the Mutex is not held once the session ended")
+		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockReleased)
+	})
+
+	t.Run("DeletedByOtherThenRetried", func(t *testing.T) {
+		// The limit of what Unlock can know: the key was deleted by
+		// someone else, unseen, and the answer to Unlock's (failed)
+		// delete was lost. The retry cannot tell this from the case
+		// above and reports no loss, as documented.
+		m, cli, loser, _ := setup(t)
+		_, err := cli.Delete(t.Context(), m.Key())
+		require.NoError(t, err)
+		loser.arm(m.Key())
+		err = m.Unlock(t.Context())
+		require.Error(t, err)
+		require.NotErrorIs(t, err, etcdlock.ErrLockLost)
+		require.EqualValues(t, 1, loser.lost.Load())
+		require.NoError(t, m.Unlock(t.Context()))
+	})
+}
+
+// replyLoser makes a client lose the answer to its next Txn that deletes
+// the armed key, after etcd applied it, as a connection that breaks just
+// then would.
+type replyLoser struct {
+	mu   sync.Mutex
+	key  string // "" when disarmed
+	lost atomic.Int64
+}
+
+func (r *replyLoser) arm(key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.key = key
+}
+
+func (r *replyLoser) DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		txn, ok := req.(*pb.TxnRequest)
+		if !ok || err != nil {
+			return err
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, op := range txn.Success {
+			if d := op.GetRequestDeleteRange(); d != nil && r.key != "" && string(d.Key) == r.key {
+				r.key = ""
+				r.lost.Add(1)
+				return status.Error(codes.Unavailable, "test: the answer was lost")
+			}
+		}
+		return nil
+	})}
+}
+
 // TestDoCancelsOnLoss: when the hold is lost while fn runs, Do cancels
 // fn's ctx within a second, with a cause matching ErrLockLost, and returns
 // an error that matches ErrLockLost and carries fn's error.
@@ -1103,6 +1392,10 @@ func TestDoCancelsOnLoss(t *testing.T) {
 	}
 	require.ErrorIs(t, err2, etcdlock.ErrLockLost)
 	require.ErrorIs(t, err2, errFn)
+	// It reads well in a log: one line, the package's prefix once.
+	require.NotContains(t, err2.Error(), "\n")
+	require.Equal(t, 1, strings.Count(err2.Error(), "etcdlock:"), "%q", err2)
+	t.Logf("Do returned %q", err2)
 	c := <-cancelledc
 	require.ErrorIs(t, c.cause, etcdlock.ErrLockLost)
 	require.Less(t, c.at.Sub(lost), time.Second, "fn's ctx cancelled %v after the loss", c.at.Sub(lost))

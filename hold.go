@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -24,11 +23,18 @@ type hold struct {
 	maxDeadline time.Time // the hold surely ends by then; Done closes before
 
 	// Guarded by Mutex.mu.
-	err           error  // ErrLockLost after an involuntary end
-	ended         bool   // done is closed
-	unlocking     bool   // Unlock has begun
-	lostMidUnlock error  // a loss seen while Unlock ran; Unlock reports it
-	stop          func() // stops the loss watch; nil until Done asks for it
+	err   error                 // ErrLockLost after an involuntary end
+	ended bool                  // done is closed
+	stop  func(context.Context) // stops the loss watch; nil until Done asks for it
+
+	// Unlock's state, guarded by Mutex.mu. Once an Unlock attempt is sent,
+	// the key may vanish by Unlock's own doing: from then on a vanished
+	// key is no longer evidence of a loss.
+	unlocking     bool  // an Unlock call is under way; another gets ErrLockReleased
+	sent          bool  // an Unlock attempt was sent
+	lostBefore    error // the loss known when the first attempt was sent, or nil
+	maybeDeleted  bool  // an attempt whose outcome is unknown was sent: its delete may have been applied
+	goneMidUnlock bool  // the loss watch saw the hold end while an attempt was in flight, and stopped
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -40,7 +46,10 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // channel if there was none.
 //
 // The first call of a hold starts watching the key; the plain Lock/Unlock
-// path opens no watch. Loss by lease expiry is reported before etcd can
+// path opens no watch. When the key goes, the watch asks etcd whether its
+// lease still exists, so that Err tells a revoked or expired lease ("lease
+// ... was revoked or expired"; the session ends with it) from a deleted
+// key. Loss by lease expiry is reported before etcd can
 // give the lock to anyone else: the session counts its lease's life from
 // when each renewal was sent and ends a margin before it runs out.
 func (m *Mutex) Done() <-chan struct{} {
@@ -54,12 +63,23 @@ func (m *Mutex) Done() <-chan struct{} {
 		return closedChan
 	}
 	if h.stop == nil && !h.ended {
+		// Unlock stops the watch, and lets a read the watch has in flight
+		// finish, unless Unlock's own ctx ends first (see watchKey).
 		ctx, cancel := context.WithCancel(context.Background())
+		rpcCtx, cancelRPC := context.WithCancel(context.Background())
 		exited := make(chan struct{})
-		h.stop = func() { cancel(); <-exited }
+		h.stop = func(uctx context.Context) {
+			cancel()
+			select {
+			case <-exited:
+			case <-uctx.Done():
+			}
+			cancelRPC()
+			<-exited
+		}
 		go func() {
 			defer close(exited)
-			m.watchHold(ctx, h)
+			m.watchHold(ctx, rpcCtx, h)
 		}()
 	}
 	return h.done
@@ -69,7 +89,8 @@ func (m *Mutex) Done() <-chan struct{} {
 // error matching ErrLockLost once a hold ended involuntarily (until the
 // next Lock). The end of the session and the WithMaxHold limit are always
 // reported; a deleted key only once Done has been called for the hold (Do
-// calls it, and Unlock reports it too).
+// calls it, and Unlock reports it too). Once Unlock has sent its delete,
+// Err reports only the loss Unlock reports: one known before Unlock began.
 func (m *Mutex) Err() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -80,22 +101,33 @@ func (m *Mutex) Err() error {
 	if h == nil {
 		return nil
 	}
-	if h.err == nil && !h.ended {
-		// Losses that need no watch to be known.
-		if err := m.s.Err(); err != nil {
-			return fmt.Errorf("%w: %w", ErrLockLost, err)
-		}
-		if !h.maxDeadline.IsZero() && time.Now().After(h.maxDeadline.Add(-m.s.expiryMargin())) {
-			return fmt.Errorf("%w: %w", ErrLockLost, errMaxHold)
-		}
+	switch {
+	case h.err != nil || h.ended:
+		return h.err
+	case h.sent:
+		// Unlock has begun: it reports a loss only if it was known then.
+		return h.lostBefore
 	}
-	return h.err
+	return m.unwatchedLoss(h)
+}
+
+// unwatchedLoss returns the losses of h that need no watch to be known: the
+// session's end, the max hold passing. Called with m.mu held.
+func (m *Mutex) unwatchedLoss(h *hold) error {
+	if err := m.s.Err(); err != nil {
+		return errorf("%w: %w", ErrLockLost, err)
+	}
+	if !h.maxDeadline.IsZero() && time.Now().After(h.maxDeadline.Add(-m.s.expiryMargin())) {
+		return errorf("%w: %w", ErrLockLost, errMaxHold)
+	}
+	return nil
 }
 
 // Do locks m, runs fn, and unlocks m. fn's ctx is cancelled the moment the
 // hold is lost, with context.Cause matching ErrLockLost. If the hold was
 // lost, Do's error matches ErrLockLost and also carries fn's error. If Lock
-// fails, fn does not run and Do returns Lock's error.
+// fails, fn does not run and Do returns Lock's error. The error is one
+// line; errors.Is matches each error it carries.
 func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	if err := m.Lock(ctx); err != nil {
 		return err
@@ -120,10 +152,15 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 	cancel(nil)
 
 	uerr := m.unlockSurely(ctx)
-	if errors.Is(uerr, ErrLockLost) {
-		return errors.Join(uerr, fnErr)
+	switch {
+	case uerr != nil && errors.Is(fnErr, uerr):
+		// fn returned the loss (its ctx's cause), perhaps wrapped: that
+		// says it all.
+		return fnErr
+	case errors.Is(uerr, ErrLockLost):
+		return join(uerr, fnErr)
 	}
-	return errors.Join(fnErr, uerr)
+	return join(fnErr, uerr)
 }
 
 // unlockSurely unlocks m, trying again while etcd cannot answer (a leader
@@ -131,7 +168,7 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 // left held would block every waiter for as long as the session lives. It
 // uses a context that outlives a cancelled ctx, since the lock must be
 // released even when the caller gave up. It ends: either etcd answers, or
-// the session ends, and then Unlock reports ErrLockLost.
+// the session ends, and then Unlock ends the hold too.
 func (m *Mutex) unlockSurely(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	backoff := 50 * time.Millisecond
@@ -139,7 +176,7 @@ func (m *Mutex) unlockSurely(ctx context.Context) error {
 		uctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
 		err := m.Unlock(uctx)
 		cancel()
-		if err == nil || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLockReleased) {
+		if err == nil || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLockReleased) || errors.Is(err, ErrSessionExpired) {
 			return err
 		}
 		t := time.NewTimer(backoff)
@@ -152,8 +189,10 @@ func (m *Mutex) unlockSurely(ctx context.Context) error {
 	}
 }
 
-// endHold ends h with err (nil for Unlock), once, and stops its loss watch.
-func (m *Mutex) endHold(h *hold, err error) {
+// endHold ends h with err (nil for Unlock), once, and stops its loss
+// watch. ctx is Unlock's: it bounds the wait for a read the watch has in
+// flight.
+func (m *Mutex) endHold(ctx context.Context, h *hold, err error) {
 	m.mu.Lock()
 	stop := h.stop
 	if !h.ended {
@@ -163,44 +202,58 @@ func (m *Mutex) endHold(h *hold, err error) {
 	}
 	m.mu.Unlock()
 	if stop != nil {
-		stop()
+		stop(ctx)
 	}
 }
 
-// lose ends h as lost, from the loss watch. Its stop is not called: the
-// watch is the caller.
+// lose ends h as lost, from the loss watch, unless Unlock may have ended it
+// (see Unlock). Its stop is not called: the watch is the caller.
 func (m *Mutex) lose(h *hold, cause error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if h.ended {
 		return
 	}
-	if h.unlocking {
-		// Unlock ends the hold and reports what it finds; should its
-		// RPC fail, it ends the hold with this loss.
-		h.lostMidUnlock = fmt.Errorf("%w: %w", ErrLockLost, cause)
+	switch {
+	case h.unlocking && h.sent:
+		// Unlock's answer tells what happened; should its RPC fail,
+		// Unlock ends the hold (see there).
+		h.goneMidUnlock = true
+		return
+	case h.sent:
+		// Between Unlock attempts: an earlier one may have deleted the
+		// key. The hold has ended, not known to be lost.
+		h.ended = true
+		close(h.done)
 		return
 	}
 	h.ended = true
-	h.err = fmt.Errorf("%w: %w", ErrLockLost, cause)
+	h.err = errorf("%w: %w", ErrLockLost, cause)
 	close(h.done)
 }
 
 // watchHold ends h when its key is deleted, its session ends or its max
 // hold passes; it returns when ctx (stopped by Unlock) ends or h is lost.
-func (m *Mutex) watchHold(ctx context.Context, h *hold) {
+// Its reads use rpcCtx, which Unlock cancels only if its own ctx ends
+// before the read does.
+func (m *Mutex) watchHold(ctx, rpcCtx context.Context, h *hold) {
 	// The session's end and the max hold deadline end the hold whatever
 	// the watch is doing, even blocked on a link that is cut.
 	ctx, cancel := m.s.bound(ctx)
 	defer cancel()
+	rpcCtx, cancelRPC := m.s.bound(rpcCtx)
+	defer cancelRPC()
 	if !h.maxDeadline.IsZero() {
-		var cancelMax context.CancelFunc
-		ctx, cancelMax = context.WithDeadlineCause(ctx, h.maxDeadline.Add(-m.s.expiryMargin()), errMaxHold)
+		limit := h.maxDeadline.Add(-m.s.expiryMargin())
+		var cancelMax, cancelMaxRPC context.CancelFunc
+		ctx, cancelMax = context.WithDeadlineCause(ctx, limit, errMaxHold)
 		defer cancelMax()
+		rpcCtx, cancelMaxRPC = context.WithDeadlineCause(rpcCtx, limit, errMaxHold)
+		defer cancelMaxRPC()
 	}
 	backoff := 50 * time.Millisecond
 	for {
-		if lost := m.watchKey(ctx, h); lost != nil {
+		if lost := m.watchKey(ctx, rpcCtx, h); lost != nil {
 			m.lose(h, lost)
 			return
 		}
@@ -223,20 +276,25 @@ func (m *Mutex) watchHold(ctx context.Context, h *hold) {
 
 // watchKey watches h's key from now, checks it is still h's, and waits. It
 // returns the cause of a loss, or nil when ctx ended or the watch broke.
-func (m *Mutex) watchKey(ctx context.Context, h *hold) (lost error) {
+func (m *Mutex) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	ch, _, err := m.openWatch(wctx, m.key)
 	if err != nil {
 		return nil
 	}
-	// The watch starts now; one read covers the time before it.
-	resp, err := m.s.cli.Get(wctx, m.key)
-	if err != nil {
+	// The watch starts now; one read covers the time before it. Unlock
+	// does not cancel the read, it waits for it: etcd's client logs every
+	// unary call that fails, a cancelled one too, as a warning, and a
+	// program that locks, calls Done and unlocks must log nothing.
+	gctx, gcancel := context.WithTimeout(clientv3.WithRequireLeader(rpcCtx), cleanupTimeout)
+	resp, err := m.s.cli.Get(gctx, m.key)
+	gcancel()
+	if err != nil || ctx.Err() != nil {
 		return nil
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
-		return fmt.Errorf("key %s was deleted", m.key)
+		return m.holdGone(rpcCtx, h)
 	}
 	for {
 		select {
@@ -250,11 +308,26 @@ func (m *Mutex) watchKey(ctx context.Context, h *hold) (lost error) {
 				// A lagging member may replay the deletion of an earlier
 				// key of the same name; this one was alive at the read.
 				if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > resp.Header.Revision {
-					return fmt.Errorf("key %s was deleted", m.key)
+					return m.holdGone(rpcCtx, h)
 				}
 			}
 		}
 	}
+}
+
+// holdGone says why h's key is gone, for the loss watch: the lease it was
+// bound to ended (then, for the session's lease, the session ends now
+// rather than at its next renewal), or someone deleted it. A deletion once
+// Unlock has sent its delete may be Unlock's own: it is not looked into,
+// Unlock tells.
+func (m *Mutex) holdGone(ctx context.Context, h *hold) error {
+	m.mu.Lock()
+	sent := h.sent
+	m.mu.Unlock()
+	if sent {
+		return errorf("key %s was deleted", m.key)
+	}
+	return m.keyGone(ctx, h.maxLease)
 }
 
 // errMaxHold is the cause of a loss by WithMaxHold.
@@ -268,37 +341,41 @@ func (m *Mutex) limitHold(ctx context.Context, h *hold) error {
 	sent := time.Now()
 	g, err := m.s.cli.Grant(ctx, ttlSeconds(m.opts.maxHold))
 	if err != nil {
-		return m.fail(ctx, h.rev, fmt.Errorf("etcdlock: grant max hold lease: %w", err))
+		return m.fail(ctx, h.rev, errorf("grant max hold lease: %w", err))
 	}
-	h.maxLease = g.ID
-	m.s.trackLease(g.ID, true) // Close revokes it
+	// etcd counts the lease from when it received the grant: no earlier
+	// than sent.
+	h.maxLease, h.maxDeadline = g.ID, sent.Add(time.Duration(g.TTL)*time.Second)
+	m.s.trackLease(h.maxLease, h.maxDeadline) // Close revokes it
 	resp, err := m.s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
 		Then(clientv3.OpPut(m.key, "", clientv3.WithLease(g.ID))).
 		Commit()
 	if err == nil && !resp.Succeeded {
-		err = fmt.Errorf("%w: key %s was deleted", ErrLockLost, m.key)
+		err = errorf("%w: %w", ErrLockLost, m.keyGone(ctx, 0))
 	}
 	if err != nil {
 		m.revokeMaxHold(ctx, h)
 		return m.fail(ctx, h.rev, err)
 	}
-	// etcd counts the lease from when it received the grant: no earlier
-	// than sent.
-	h.maxDeadline = sent.Add(time.Duration(g.TTL) * time.Second)
 	return nil
 }
 
-// revokeMaxHold revokes h's max hold lease, if it has one.
+// revokeMaxHold revokes h's max hold lease, if it has one that has not run
+// out and that Close has not revoked. (Revoking a lease that is gone would
+// fail, and etcd's client would log a warning.)
 func (m *Mutex) revokeMaxHold(ctx context.Context, h *hold) {
-	if h.maxLease == 0 {
+	if h.maxLease == 0 || !m.s.untrackLease(h.maxLease) {
 		return
+	}
+	if !time.Now().Before(h.maxDeadline) || m.s.cli.Ctx().Err() != nil {
+		return // it has run out, or cannot be revoked: it expires on its own
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	// Best effort: if it fails the lease expires on its own at the limit,
 	// and Close tries again.
-	if _, err := m.s.cli.Revoke(cctx, h.maxLease); err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		m.s.trackLease(h.maxLease, false)
+	if _, err := m.s.cli.Revoke(cctx, h.maxLease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		m.s.trackLease(h.maxLease, h.maxDeadline)
 	}
 }

@@ -140,16 +140,16 @@ func (m *Mutex) lock(ctx context.Context, wait bool) error {
 
 func (m *Mutex) validate() error {
 	if m.s == nil {
-		return fmt.Errorf("%w: Mutex has no Session", ErrSessionExpired)
+		return errorf("%w: Mutex has no Session", ErrSessionExpired)
 	}
 	if m.opts.err != nil {
 		return m.opts.err
 	}
 	if m.name == "" {
-		return fmt.Errorf("%w: empty name", ErrInvalidName)
+		return errorf("%w: empty name", ErrInvalidName)
 	}
 	if len(m.name) > MaxNameLen {
-		return fmt.Errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(m.name), MaxNameLen)
+		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(m.name), MaxNameLen)
 	}
 	return nil
 }
@@ -346,12 +346,27 @@ func (m *Mutex) head(ctx context.Context, r *pb.RangeResponse) (*mvccpb.KeyValue
 // this hold created (same create revision), so it can never delete another
 // holder's key, also when retried (etcd issue 22082).
 //
-// It returns ErrLockReleased if the Mutex is not held (Unlock before Lock,
-// double Unlock), and ErrLockLost if the hold had already ended: the key
-// was gone (its lease expired or someone deleted it) or the session had
-// ended. After either the Mutex is not held. If the RPC itself fails
-// (etcd unreachable, ctx ended), the Mutex stays held and Unlock may be
-// called again; the key also goes when the session's lease ends.
+// It returns nil when the hold ended with this Unlock, ErrLockReleased if
+// the Mutex is not held (Unlock before Lock, double Unlock), and
+// ErrLockLost only when the hold is known to have ended before Unlock
+// began (before its first attempt that was sent, if it is retried): Done or
+// Err had reported the loss, the session had ended, the WithMaxHold limit
+// had passed, or etcd answered that the key was gone (deleted, or its lease
+// revoked or expired) while no earlier attempt could have deleted it.
+// After any of these the Mutex is not held.
+//
+// If the RPC fails (etcd unreachable, ctx ended), its delete may have been
+// applied or not: the Mutex stays held, and Unlock may be called again. A
+// retry that finds the key gone returns nil. That is not proof: the first
+// attempt may have deleted the key, or someone else may have (or its lease
+// ended) before it arrived, and etcd keeps nothing that tells the two
+// apart. Either way the hold is over, and it was not known to be lost when
+// Unlock began. Likewise, if the key goes while such an attempt is in
+// flight or between attempts, Done closes and Err stays nil. An attempt
+// that was not sent (ctx had ended, the client was closed) counts for
+// nothing. If the session ends while Unlock cannot reach etcd, Unlock ends
+// the hold and returns an error matching ErrSessionExpired, not
+// ErrLockLost: the key goes with the session's lease.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	m.mu.Lock()
 	h := m.h
@@ -359,38 +374,68 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		m.mu.Unlock()
 		return ErrLockReleased
 	}
+	if !h.sent {
+		// What is known when Unlock begins; nothing later is a loss
+		// before Unlock.
+		h.lostBefore = h.err
+		if h.lostBefore == nil {
+			h.lostBefore = m.unwatchedLoss(h)
+		}
+	}
+	lost, retry := h.lostBefore, h.maybeDeleted
+	// An attempt that is not sent leaves no doubt about the key.
+	notSent := ctx.Err()
+	if cerr := m.s.cli.Ctx().Err(); cerr != nil {
+		// A closed client can send nothing (and ends the session).
+		notSent = errorf("%w: %w", errClientClosed, cerr)
+	}
+	// After a loss the delete only tidies up; it is not needed when the
+	// key went with the session's lease.
+	send := notSent == nil && (lost == nil || h.maxLease != 0 || !m.s.leaseIsGone())
 	h.unlocking = true // a second Unlock now gets ErrLockReleased
-	lostErr := h.err
+	h.sent = h.sent || send
 	m.mu.Unlock()
 
-	resp, err := m.s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
-		Then(clientv3.OpDelete(m.key)).
-		Commit()
-	sessionErr := m.s.Err()
+	var resp *clientv3.TxnResponse
+	err := notSent
+	if send {
+		resp, err = m.s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
+			Then(clientv3.OpDelete(m.key)).
+			Commit()
+	}
+	var endErr error // the hold's Err once it ended
 	switch {
-	case lostErr != nil:
-		// Done already reported the loss.
-		err = lostErr
-	case sessionErr != nil:
-		// The session ended, and its lease with it (or soon): the delete
-		// above was only tidying up.
-		err = fmt.Errorf("%w: %w", ErrLockLost, sessionErr)
-	case err != nil:
+	case lost != nil:
+		err, endErr = lost, lost
+	case err == nil && resp.Succeeded:
+	case err == nil && !retry:
+		// No attempt of ours can have deleted the key: it was gone
+		// before Unlock.
+		err = errorf("%w before Unlock: %w", ErrLockLost, m.keyGone(ctx, h.maxLease))
+		endErr = err
+	case err == nil:
+		// An earlier attempt may have deleted the key: not known lost.
+	default:
+		if serr := m.s.Err(); serr != nil {
+			// The session ended after Unlock began: the key goes with
+			// its lease. The hold ends; it was not known to be lost.
+			err = errorf("unlock %s: %v; the session ended, the key goes with its lease: %w", m.key, err, serr)
+			break
+		}
 		m.mu.Lock()
 		h.unlocking = false
-		if lost := h.lostMidUnlock; lost != nil && !h.ended {
+		h.maybeDeleted = h.maybeDeleted || send
+		if h.goneMidUnlock && !h.ended {
 			// The loss watch saw the hold end while the RPC ran, and
-			// has stopped: report the loss through Done now.
-			h.ended, h.err = true, lost
+			// has stopped: Done tells now that the hold is over.
+			h.ended = true
 			close(h.done)
 		}
 		m.mu.Unlock()
-		return fmt.Errorf("etcdlock: unlock %s: %w", m.key, err)
-	case !resp.Succeeded:
-		err = fmt.Errorf("%w: key %s was deleted before Unlock", ErrLockLost, m.key)
+		return errorf("unlock %s: %w", m.key, err)
 	}
-	m.endHold(h, err)
+	m.endHold(ctx, h, endErr)
 	m.revokeMaxHold(ctx, h)
 	m.mu.Lock()
 	m.h, m.last = nil, h
@@ -483,7 +528,7 @@ func (m *Mutex) fail(ctx context.Context, rev int64, err error) error {
 		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev))
 	}
 	if _, cerr := txn.Then(clientv3.OpDelete(m.key)).Commit(); cerr != nil {
-		return errors.Join(err, fmt.Errorf("etcdlock: remove %s after failed lock: %w", m.key, cerr))
+		return join(err, errorf("remove %s after failed lock: %w", m.key, cerr))
 	}
 	return err
 }
@@ -492,7 +537,7 @@ func (m *Mutex) fail(ctx context.Context, rev int64, err error) error {
 func (m *Mutex) rpcErr(err error) error {
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		m.s.lost()
-		return fmt.Errorf("%w: %w", ErrSessionExpired, err)
+		return errorf("%w: %w", ErrSessionExpired, err)
 	}
 	return err
 }

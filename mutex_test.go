@@ -15,6 +15,9 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func TestLockUnlock(t *testing.T) {
@@ -59,6 +62,88 @@ func TestUncontendedIsTwoRPCs(t *testing.T) {
 	require.NoError(t, m.Lock(t.Context()))
 	require.NoError(t, m.Unlock(t.Context()))
 	require.EqualValues(t, 2, rpcs.Total()-before)
+}
+
+// TestNoWarnings: a correct program makes etcd's client log no warning.
+// The clients log as etcd's default logger does (ClientLogLevel, info
+// unless ETCD_CLIENT_DEBUG says otherwise). etcd's client logs every
+// unary call that fails, also one the library cancelled itself: before,
+// Unlock cancelled the read of Done's loss watch when it was in flight (7
+// of 20 Lock, Done, Unlock cycles logged "retrying of unary invoker
+// failed ... KV/Range ... context canceled"), and Close after the lease
+// was revoked logged LeaseRevoke's NotFound.
+func TestNoWarnings(t *testing.T) {
+	core, logs := observer.New(clientv3.ClientLogLevel())
+	cfg := clientv3.Config{Logger: zap.New(core)}
+	cli, wcli := cluster.Client(t, cfg), cluster.Client(t, cfg)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(cli)
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name)
+
+	for range 25 {
+		require.NoError(t, m.Lock(t.Context()))
+		m.Done()
+		require.NoError(t, m.Unlock(t.Context()))
+	}
+	for range 10 {
+		require.NoError(t, m.Do(t.Context(), func(context.Context) error { return nil }))
+	}
+	capped := etcdlock.NewMutex(s, name+"-capped", etcdlock.WithMaxHold(time.Minute))
+	for range 5 {
+		require.NoError(t, capped.Lock(t.Context()))
+		capped.Done()
+		require.NoError(t, capped.Unlock(t.Context()))
+	}
+
+	// Contention: a handoff, TryLock on a held lock, and a waiter that
+	// gives up.
+	ws := newSession(t, wcli)
+	require.NoError(t, m.Lock(t.Context()))
+	w := startWaiter(t.Context(), etcdlock.NewMutex(ws, name))
+	w.waitIdle(t)
+	require.ErrorIs(t, etcdlock.NewMutex(newSession(t, wcli), name).TryLock(t.Context()), etcdlock.ErrLocked)
+	require.NoError(t, m.Unlock(t.Context()))
+	require.NoError(t, w.result(t, 10*time.Second))
+	ctx, cancel := context.WithCancel(t.Context())
+	gaveUp := startWaiter(ctx, m)
+	gaveUp.waitIdle(t)
+	cancel()
+	require.ErrorIs(t, gaveUp.result(t, 10*time.Second), context.Canceled)
+	require.NoError(t, w.m.Unlock(t.Context()))
+
+	// Close after the lease was revoked, with a hold that learns it and
+	// without.
+	require.NoError(t, m.Lock(t.Context()))
+	held := m.Done()
+	_, err = newClient(t).Revoke(t.Context(), s.Lease())
+	require.NoError(t, err)
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the hold did not end with its lease")
+	}
+	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+	require.NoError(t, s.Close())
+	s2, err := etcdlock.NewSession(cli)
+	require.NoError(t, err)
+	_, err = newClient(t).Revoke(t.Context(), s2.Lease())
+	require.NoError(t, err)
+	require.NoError(t, s2.Close())
+
+	warnings := func() []observer.LoggedEntry {
+		return logs.Filter(func(e observer.LoggedEntry) bool { return e.Level >= zapcore.WarnLevel }).All()
+	}
+	for _, e := range warnings() {
+		t.Errorf("etcd's client logged %s %q %v", e.Level, e.Message, e.ContextMap())
+	}
+	// The capture works: a call the program cancels itself is logged.
+	n := len(warnings())
+	cctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err = cli.Get(cctx, name)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Len(t, warnings(), n+1, "etcd's client logs no longer reach the test")
 }
 
 // TestFIFO queues more than a hundred waiters, each with its own session,

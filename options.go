@@ -2,7 +2,6 @@ package etcdlock
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"time"
 
@@ -39,10 +38,10 @@ type SessionOption func(*sessionOptions) error
 func WithTTL(d time.Duration) SessionOption {
 	return func(o *sessionOptions) error {
 		if d < MinTTL {
-			return fmt.Errorf("%w: TTL %v is below the minimum %v", ErrInvalidOption, d, MinTTL)
+			return errorf("%w: TTL %v is below the minimum %v", ErrInvalidOption, d, MinTTL)
 		}
 		if d > time.Duration(math.MaxInt64/2) {
-			return fmt.Errorf("%w: TTL %v is too large", ErrInvalidOption, d)
+			return errorf("%w: TTL %v is too large", ErrInvalidOption, d)
 		}
 		o.ttl = d
 		return nil
@@ -57,7 +56,7 @@ func WithTTL(d time.Duration) SessionOption {
 func WithLease(id clientv3.LeaseID) SessionOption {
 	return func(o *sessionOptions) error {
 		if id <= 0 {
-			return fmt.Errorf("%w: lease ID %d", ErrInvalidOption, id)
+			return errorf("%w: lease ID %d", ErrInvalidOption, id)
 		}
 		o.lease = id
 		return nil
@@ -71,7 +70,7 @@ func WithLease(id clientv3.LeaseID) SessionOption {
 func WithContext(ctx context.Context) SessionOption {
 	return func(o *sessionOptions) error {
 		if ctx == nil {
-			return fmt.Errorf("%w: nil context", ErrInvalidOption)
+			return errorf("%w: nil context", ErrInvalidOption)
 		}
 		o.ctx = ctx
 		return nil
@@ -114,7 +113,7 @@ func newMutexOptions(opts []MutexOption) mutexOptions {
 func WithMaxHold(d time.Duration) MutexOption {
 	return func(o *mutexOptions) error {
 		if d < MinTTL {
-			return fmt.Errorf("%w: max hold %v is below the minimum %v", ErrInvalidOption, d, MinTTL)
+			return errorf("%w: max hold %v is below the minimum %v", ErrInvalidOption, d, MinTTL)
 		}
 		o.maxHold = d
 		return nil

@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -38,16 +37,21 @@ type Session struct {
 	endCtx    context.Context
 	endCancel context.CancelCauseFunc
 
-	stop     context.CancelFunc // stops the keepalive loop
-	loopDone chan struct{}      // closed when the keepalive loop returned
+	stop     func()        // stops the keepalive loop
+	loopDone chan struct{} // closed when the keepalive loop returned
 
-	mu       sync.Mutex // guards err, deadline, closed, names
-	err      error      // why the session ended; nil while it runs
-	deadline time.Time  // the lease is known to live until then
-	closed   bool       // Close or Orphan was called
-	names    map[string]*nameLock
-	extra    map[clientv3.LeaseID]struct{} // WithMaxHold leases not yet revoked
+	mu        sync.Mutex // guards err, deadline, closed, revoking, leaseGone, names, extra
+	err       error      // why the session ended; nil while it runs
+	deadline  time.Time  // the lease is known to live until then
+	closed    bool       // Close or Orphan was called
+	revoking  bool       // Close was called: it revokes the leases, once
+	leaseGone bool       // etcd said the lease no longer exists
+	names     map[string]*nameLock
+	extra     map[clientv3.LeaseID]time.Time // WithMaxHold leases not yet revoked, and when they run out
 }
+
+// errClientClosed is why a session ends when its client was closed.
+var errClientClosed = errors.New("etcd client closed")
 
 // nameLock lets one Mutex of a session at a time queue for or hold a name:
 // they all share the key name/<lease>, so etcd cannot tell them apart.
@@ -58,10 +62,10 @@ type nameLock struct {
 
 // NewSession grants a lease (or adopts one, see WithLease) and starts
 // keeping it alive. The keepalive goroutine ends with Close, Orphan, the
-// WithContext context, or the end of the lease.
+// WithContext context, the client's Close, or the end of the lease.
 func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if cli == nil {
-		return nil, fmt.Errorf("%w: nil client", ErrInvalidOption)
+		return nil, errorf("%w: nil client", ErrInvalidOption)
 	}
 	o := defaultSessionOptions()
 	for _, opt := range opts {
@@ -75,16 +79,16 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if id == 0 {
 		resp, err := cli.Grant(o.ctx, ttlSeconds(o.ttl))
 		if err != nil {
-			return nil, fmt.Errorf("etcdlock: grant lease: %w", err)
+			return nil, errorf("grant lease: %w", err)
 		}
 		id, ttl, left = resp.ID, time.Duration(resp.TTL)*time.Second, time.Duration(resp.TTL)*time.Second
 	} else {
 		resp, err := cli.TimeToLive(o.ctx, id)
 		if err != nil {
-			return nil, fmt.Errorf("etcdlock: look up lease %x: %w", id, err)
+			return nil, errorf("look up lease %x: %w", id, err)
 		}
 		if resp.TTL < 0 { // -1: no such lease; 0 is a live lease with under 1s left
-			return nil, fmt.Errorf("%w: lease %x does not exist", ErrSessionExpired, id)
+			return nil, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
 		}
 		ttl = time.Duration(resp.GrantedTTL) * time.Second
 		// Renew at once: the lease may have little time left, less than
@@ -92,15 +96,19 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		sent = time.Now()
 		ka, err := cli.KeepAliveOnce(o.ctx, id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return nil, fmt.Errorf("%w: lease %x does not exist", ErrSessionExpired, id)
+			return nil, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("etcdlock: renew lease %x: %w", id, err)
+			return nil, errorf("renew lease %x: %w", id, err)
 		}
 		left = time.Duration(ka.TTL) * time.Second
 	}
 
-	ctx, stop := context.WithCancel(o.ctx)
+	// The session ends when the client is closed, as etcd's does: a
+	// closed client can renew nothing, and the session would otherwise
+	// try until its TTL ran out.
+	ctx, stop := context.WithCancelCause(o.ctx)
+	unwatch := context.AfterFunc(cli.Ctx(), func() { stop(errClientClosed) })
 	endCtx, endCancel := context.WithCancelCause(context.Background())
 	s := &Session{
 		endCtx:    endCtx,
@@ -109,12 +117,12 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		id:        id,
 		ttl:       ttl,
 		donec:     make(chan struct{}),
-		stop:      stop,
+		stop:      func() { stop(nil) },
 		loopDone:  make(chan struct{}),
 		deadline:  sent.Add(left),
 		names:     make(map[string]*nameLock),
 	}
-	go s.keepAlive(ctx)
+	go s.keepAlive(ctx, unwatch)
 	return s, nil
 }
 
@@ -128,9 +136,13 @@ func (s *Session) Lease() clientv3.LeaseID { return s.id }
 func (s *Session) TTL() time.Duration { return s.ttl }
 
 // Done returns a channel closed when the session ends: Close, Orphan, the
-// WithContext context ending, the lease revoked, or the lease's life running
-// out without a confirmed renewal. Locks held through the session must be
-// taken as lost from then on.
+// WithContext context ending, the client closed, the lease revoked, or the
+// lease's life running out without a confirmed renewal. Locks held through
+// the session must be taken as lost from then on.
+//
+// A revoked lease is learned at the next renewal (TTL/3 at most), or at
+// once when one of the session's locks sees its key go: the loss watch of
+// a hold whose Done was called, a waiting Lock, or Unlock.
 func (s *Session) Done() <-chan struct{} { return s.donec }
 
 // Err returns nil while the session runs, and then why it ended: always an
@@ -143,64 +155,103 @@ func (s *Session) Err() error {
 }
 
 // Close ends the session and revokes its lease (and the leases of its
-// WithMaxHold holds), which releases every lock of the session at once. It waits for the keepalive goroutine to end. A lease
-// that has already expired is not an error; calling Close again does
-// nothing. If the revoke fails (etcd unreachable), the locks are released
-// when the lease expires, at most TTL later, and Close returns the error.
+// WithMaxHold holds), which releases every lock of the session at once. It
+// waits for the keepalive goroutine to end. A lease that has already
+// expired is not an error; calling Close again does nothing. Close after
+// Orphan revokes the lease, as etcd's Session does. If the revoke
+// fails (etcd unreachable, or the client already closed), the locks are
+// released when the lease expires, at most TTL later, and Close returns
+// the error.
 func (s *Session) Close() error {
-	if !s.shutdown() {
+	s.shutdown()
+	s.mu.Lock()
+	again := s.revoking
+	s.revoking = true
+	s.mu.Unlock()
+	if again {
 		return nil
+	}
+	if err := s.cli.Ctx().Err(); err != nil {
+		// Every RPC on a closed client fails, and etcd's client logs each
+		// failure: do not try.
+		return errorf("lease %x not revoked: %w: %w", s.id, errClientClosed, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 	defer cancel()
 	s.mu.Lock()
-	ids := []clientv3.LeaseID{s.id}
-	for id := range s.extra {
-		ids = append(ids, id)
-	}
+	gone, extra := s.leaseGone, s.extra
 	s.extra = nil
 	s.mu.Unlock()
 	var errs []error
-	for _, id := range ids {
-		_, err := s.cli.Revoke(ctx, id)
-		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			errs = append(errs, fmt.Errorf("etcdlock: revoke lease %x: %w", id, err))
+	if !gone {
+		err := s.revoke(ctx, s.id)
+		s.mu.Lock()
+		s.leaseGone = err == nil
+		s.mu.Unlock()
+		errs = append(errs, err)
+	}
+	for id, until := range extra {
+		if time.Now().Before(until) { // else it has run out
+			errs = append(errs, s.revoke(ctx, id))
 		}
 	}
-	return errors.Join(errs...)
+	return join(errs...)
 }
 
-// trackLease records (add) or forgets a WithMaxHold lease of one of the
-// session's holds, so that Close revokes it with the session's own.
-func (s *Session) trackLease(id clientv3.LeaseID, add bool) {
+// revoke revokes lease id unless etcd says it no longer exists. It asks
+// first because revoking a lease that is gone fails, and etcd's client
+// logs every failed call as a warning: a program that closes its session
+// after the lease was revoked must not log one. (A lease that ends between
+// the question and the revoke is not an error either, only logged.)
+func (s *Session) revoke(ctx context.Context, id clientv3.LeaseID) error {
+	resp, err := s.cli.TimeToLive(ctx, id)
+	if err == nil && resp.TTL < 0 { // -1: no such lease
+		return nil
+	}
+	if err == nil {
+		_, err = s.cli.Revoke(ctx, id)
+	}
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return errorf("revoke lease %x: %w", id, err)
+	}
+	return nil
+}
+
+// trackLease records a WithMaxHold lease of one of the session's holds,
+// which runs out at until, so that Close revokes it with the session's own.
+func (s *Session) trackLease(id clientv3.LeaseID, until time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !add {
-		delete(s.extra, id)
-		return
-	}
 	if s.extra == nil {
-		s.extra = make(map[clientv3.LeaseID]struct{})
+		s.extra = make(map[clientv3.LeaseID]time.Time)
 	}
-	s.extra[id] = struct{}{}
+	s.extra[id] = until
+}
+
+// untrackLease forgets a lease trackLease recorded, and reports whether it
+// was still recorded: whether the caller, not Close, is to revoke it.
+func (s *Session) untrackLease(id clientv3.LeaseID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.extra[id]
+	delete(s.extra, id)
+	return ok
 }
 
 // Orphan ends the session without revoking its lease: keepalives stop and
 // the session's locks are released when the lease expires, TTL from the last
-// renewal. It waits for the keepalive goroutine to end.
+// renewal, or when Close is called. It waits for the keepalive goroutine to
+// end. Calling Orphan again, or after Close, does nothing.
 func (s *Session) Orphan() { s.shutdown() }
 
-// shutdown stops the keepalive loop and ends the session. It reports
-// whether this call was the first Close or Orphan.
-func (s *Session) shutdown() bool {
+// shutdown stops the keepalive loop and ends the session.
+func (s *Session) shutdown() {
 	s.mu.Lock()
-	first := !s.closed
 	s.closed = true
 	s.mu.Unlock()
 	s.stop()
 	<-s.loopDone
-	s.end(fmt.Errorf("%w: session closed", ErrSessionExpired))
-	return first
+	s.end(errorf("%w: session closed", ErrSessionExpired))
 }
 
 // end records why the session ended and closes Done, once.
@@ -221,10 +272,12 @@ func (s *Session) expiryMargin() time.Duration {
 	return max(100*time.Millisecond, s.ttl/50)
 }
 
-// keepAlive renews the lease every TTL/3 until the session is stopped or
-// the lease is known, or must be assumed, to be gone.
-func (s *Session) keepAlive(ctx context.Context) {
+// keepAlive renews the lease every TTL/3 until the session is stopped, its
+// client is closed, or the lease is known, or must be assumed, to be gone.
+// unwatch is called as it returns.
+func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 	defer close(s.loopDone)
+	defer unwatch()
 	interval := s.ttl / 3
 	retry := min(interval, 500*time.Millisecond)
 
@@ -241,10 +294,16 @@ func (s *Session) keepAlive(ctx context.Context) {
 			if s.shuttingDown() {
 				return // shutdown sets the reason
 			}
-			s.end(fmt.Errorf("%w: session context ended: %w", ErrSessionExpired, ctx.Err()))
+			if errors.Is(context.Cause(ctx), errClientClosed) {
+				// The lease lives on until its TTL runs out: there is
+				// no client left to revoke it with.
+				s.end(errorf("%w: %w", ErrSessionExpired, errClientClosed))
+				return
+			}
+			s.end(errorf("%w: session context ended: %w", ErrSessionExpired, ctx.Err()))
 			return
 		case <-expire.C:
-			s.end(fmt.Errorf("%w: lease %x not renewed within its TTL", ErrSessionExpired, s.id))
+			s.end(errorf("%w: lease %x not renewed within its TTL", ErrSessionExpired, s.id))
 			return
 		case <-next.C:
 			expire.Stop()
@@ -265,7 +324,7 @@ func (s *Session) keepAlive(ctx context.Context) {
 			s.mu.Unlock()
 			next.Reset(max(0, interval-time.Since(sent)))
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			s.end(fmt.Errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
+			s.lost()
 			return
 		default:
 			// etcd unreachable or busy: try again soon, until the deadline.
@@ -292,9 +351,21 @@ func (s *Session) bound(ctx context.Context) (context.Context, context.CancelFun
 	}
 }
 
-// lost ends the session because etcd says its lease is gone.
+// leaseIsGone reports whether etcd said the session's lease no longer
+// exists (or Close revoked it).
+func (s *Session) leaseIsGone() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leaseGone
+}
+
+// lost ends the session because etcd says its lease is gone, and notes
+// that there is no lease left for Close to revoke.
 func (s *Session) lost() {
-	s.end(fmt.Errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
+	s.mu.Lock()
+	s.leaseGone = true
+	s.mu.Unlock()
+	s.end(errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
 }
 
 // acquireName takes the session-local right to queue for name. With wait it

@@ -6,7 +6,10 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
 )
 
 // closed reports whether c is closed, without waiting.
@@ -61,6 +64,39 @@ func TestSessionOrphanLeavesLease(t *testing.T) {
 	require.Equal(t, []string{m.Key()}, keys(t, cli, lockName(t)))
 	_, err = cli.Revoke(t.Context(), s.Lease())
 	require.NoError(t, err)
+}
+
+// TestSessionCloseAfterOrphan: Close after Orphan revokes the lease, as
+// etcd's Session does, and releases the locks at once rather than a TTL
+// later. Before, Close after Orphan did nothing.
+func TestSessionCloseAfterOrphan(t *testing.T) {
+	cli := newClient(t)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(30*time.Second))
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name)
+	require.NoError(t, m.Lock(t.Context()))
+	w := startWaiter(t.Context(), etcdlock.NewMutex(newSession(t, cli), name))
+	require.Equal(t, m.Key(), w.waitIdle(t))
+
+	s.Orphan()
+	ttl, err := cli.TimeToLive(t.Context(), s.Lease())
+	require.NoError(t, err)
+	require.Positive(t, ttl.TTL, "Orphan must not revoke the lease")
+	w.assertWaiting(t)
+
+	require.NoError(t, s.Close())
+	ttl, err = cli.TimeToLive(t.Context(), s.Lease())
+	require.NoError(t, err)
+	require.EqualValues(t, -1, ttl.TTL, "Close after Orphan did not revoke the lease")
+	// The lock passes on now, not when the 30s TTL runs out.
+	require.NoError(t, w.result(t, 5*time.Second))
+	require.Equal(t, []string{w.m.Key()}, keys(t, cli, name))
+
+	require.NoError(t, s.Close(), "second Close")
+	s.Orphan() // after Close: nothing to do
+	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+	require.NoError(t, w.m.Unlock(t.Context()))
 }
 
 func TestSessionEndsWhenLeaseRevoked(t *testing.T) {
@@ -132,4 +168,64 @@ func TestSessionKeepsLeaseAlive(t *testing.T) {
 	require.NoError(t, m.Unlock(t.Context()))
 	require.True(t, closed(done))
 	require.NoError(t, m.Err())
+}
+
+// TestSessionEndsWithClient: a program that closes only its client (etcd's
+// own tests do) ends its sessions with it, as etcd's Session does: Done
+// closes at once, Err says the client was closed, the holds and waits of
+// the session end with it, and no goroutine of the session outlives it.
+// Before, the session renewed on the closed client until its TTL ran out.
+func TestSessionEndsWithClient(t *testing.T) {
+	name := lockName(t)
+	holder := etcdlock.NewMutex(newSession(t, newClient(t)), name+"-other")
+	require.NoError(t, holder.Lock(t.Context()))
+	// Everything running from here on is this test's client and session.
+	running := goleak.IgnoreCurrent()
+
+	cli, err := cluster.NewClient(clientv3.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { cli.Close() })  // should the test fail before it closes it
+	s, err := etcdlock.NewSession(cli) // never closed: only the client is
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name)
+	require.NoError(t, m.Lock(t.Context()))
+	held := m.Done()
+	w := startWaiter(t.Context(), etcdlock.NewMutex(s, name+"-other"))
+	require.Equal(t, holder.Key(), w.waitIdle(t))
+
+	require.NoError(t, cli.Close())
+	closed := time.Now()
+	select {
+	case <-s.Done():
+	case <-time.After(time.Second):
+		t.Fatalf("session still running 1s after its client was closed (TTL %v)", s.TTL())
+	}
+	t.Logf("session ended %v after its client was closed", time.Since(closed))
+	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionExpired)
+	require.Contains(t, s.Err().Error(), "client closed")
+	select {
+	case <-held:
+	case <-time.After(time.Second):
+		t.Fatal("the hold did not end with the session")
+	}
+	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+	require.ErrorIs(t, m.Err(), etcdlock.ErrSessionExpired)
+	require.ErrorIs(t, w.result(t, time.Second), etcdlock.ErrSessionExpired)
+	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+
+	// Nothing of the session is left running (goleak waits a moment for
+	// goroutines that are ending).
+	require.NoError(t, leakcheck.Find(running))
+
+	// Close can no longer revoke the lease, and says so: the lease, and
+	// the keys on it, live until its TTL runs out, as with etcd's Session.
+	err = s.Close()
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "client closed")
+	other := newClient(t)
+	require.Len(t, keys(t, other, name), 1)
+	// Revoke it here, so that a rerun (-count) does not queue behind it.
+	_, err = other.Revoke(t.Context(), s.Lease())
+	require.NoError(t, err)
+	require.NoError(t, holder.Unlock(t.Context()))
 }

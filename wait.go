@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -213,7 +212,7 @@ func (m *Mutex) watchErr(ctx context.Context, wr clientv3.WatchResponse) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return fmt.Errorf("%w: %w", errWatchBroken, wr.Err())
+	return errorf("%w: %w", errWatchBroken, wr.Err())
 }
 
 // check reads, in one round trip, whether the key created at rev is still
@@ -260,16 +259,36 @@ func (m *Mutex) lostWhileWaiting(ctx context.Context) error {
 	if err := m.s.Err(); err != nil {
 		return err
 	}
-	resp, err := m.s.cli.TimeToLive(ctx, m.s.Lease())
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("%w: key %s deleted while waiting (lease check failed: %w)", ErrLockLost, m.key, m.rpcErr(err))
+	cause := m.keyGone(ctx, 0)
+	if errors.Is(cause, ErrSessionExpired) {
+		return cause
 	}
-	if resp.TTL < 0 { // -1: no such lease; 0 is a live lease with under 1s left
-		m.s.lost()
-		return m.s.Err()
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	return fmt.Errorf("%w: key %s deleted while waiting", ErrLockLost, m.key)
+	return errorf("%w while waiting: %w", ErrLockLost, cause)
+}
+
+// keyGone says why this Mutex's key is gone, asking etcd whether the lease
+// it was bound to still exists: the session's lease, or maxLease when not
+// 0. If the session's lease is gone, the session ends now (rather than at
+// its next renewal) and its error is returned: "lease ... was revoked or
+// expired". Else the key was deleted. It costs one RPC, on the loss path
+// only.
+func (m *Mutex) keyGone(ctx context.Context, maxLease clientv3.LeaseID) error {
+	lease := m.s.Lease()
+	if maxLease != 0 {
+		lease = maxLease
+	}
+	resp, err := m.s.cli.TimeToLive(ctx, lease)
+	switch {
+	case err != nil:
+		return errorf("key %s is gone (lease check failed: %v)", m.key, err)
+	case resp.TTL >= 0: // 0 is a live lease with under 1s left
+		return errorf("key %s was deleted", m.key)
+	case maxLease != 0:
+		return errorf("max hold lease %x was revoked or expired", maxLease)
+	}
+	m.s.lost()
+	return m.s.Err()
 }
