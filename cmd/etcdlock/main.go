@@ -15,7 +15,8 @@
 //
 // run acquires NAME, runs CMD with ETCDLOCK_NAME, ETCDLOCK_KEY,
 // ETCDLOCK_TOKEN and ETCDLOCK_LEASE (and etcdctl's ETCD_LOCK_KEY and
-// ETCD_LOCK_REV) in its environment, and releases NAME when CMD exits. If
+// ETCD_LOCK_REV, the revision of the response that granted the lock) in
+// its environment, and releases NAME when CMD exits. If
 // the lock is lost while CMD runs (its key was deleted, or the lease could
 // not be renewed within its TTL), CMD gets SIGTERM, then SIGKILL after
 // --grace. SIGINT, SIGTERM and SIGHUP to etcdlock are passed on to CMD; while

@@ -35,8 +35,18 @@ CMD finds in its environment:
   ETCDLOCK_KEY     the lock key, NAME/<lease ID in hex>   (also ETCD_LOCK_KEY)
   ETCDLOCK_TOKEN   the fencing token: the key's create revision, higher for
                    every later holder; pass it to what CMD writes to, so
-                   that a stale holder can be refused     (also ETCD_LOCK_REV)
+                   that a stale holder can be refused
   ETCDLOCK_LEASE   the lease ID in hex
+  ETCD_LOCK_REV    as 'etcdctl lock' sets it: the etcd revision of the
+                   response that granted the lock
+
+Fence on ETCDLOCK_TOKEN. It names the hold itself: it stays the same for
+the whole hold, 'etcdlock status' shows it, and etcd can check it (the
+create revision of ETCDLOCK_KEY; a Txn comparing it guards a write to etcd
+by the lock). ETCD_LOCK_REV is only the moment of the grant: it rises from
+one holder to the next too, but no key in etcd carries it. It is there for
+scripts written for 'etcdctl lock', and in a fleet that mixes both tools it
+is the one number both set with the same meaning.
 
 The lock lives as long as etcdlock renews its lease: if etcdlock dies, the
 lock passes on at most --ttl later. If the lock is lost while CMD runs (the
@@ -219,6 +229,10 @@ func runLocked(cli *clientv3.Client, s *etcdlock.Session, m *etcdlock.Mutex, cmd
 	lost := m.Done() // starts watching the hold now, before CMD runs
 	cmdName := filepath.Base(cmd.Args[0])
 	token := strconv.FormatInt(m.Token(), 10)
+	// etcdctl's ETCD_LOCK_REV is the revision of the response that showed
+	// the lock was ours (concurrency.Mutex.Header), not the key's create
+	// revision: scripts that mix both tools compare them.
+	grantRev := strconv.FormatInt(m.Header().Revision, 10)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	cmd.Env = append(os.Environ(),
 		"ETCDLOCK_NAME="+name,
@@ -226,7 +240,7 @@ func runLocked(cli *clientv3.Client, s *etcdlock.Session, m *etcdlock.Mutex, cmd
 		"ETCDLOCK_TOKEN="+token,
 		"ETCDLOCK_LEASE="+fmt.Sprintf("%x", int64(s.Lease())),
 		"ETCD_LOCK_KEY="+m.Key(),
-		"ETCD_LOCK_REV="+token,
+		"ETCD_LOCK_REV="+grantRev,
 	)
 	group := !interactive()
 	if group {

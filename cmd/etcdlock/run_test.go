@@ -166,7 +166,11 @@ func TestEnvironment(t *testing.T) {
 	require.Equal(t, name, env["ETCDLOCK_NAME"])
 	require.Equal(t, name+"/"+env["ETCDLOCK_LEASE"], env["ETCDLOCK_KEY"])
 	require.Equal(t, env["ETCDLOCK_KEY"], env["ETCD_LOCK_KEY"])
-	require.Equal(t, env["ETCDLOCK_TOKEN"], env["ETCD_LOCK_REV"])
+	token, err := strconv.ParseInt(env["ETCDLOCK_TOKEN"], 10, 64)
+	require.NoError(t, err)
+	rev, err := strconv.ParseInt(env["ETCD_LOCK_REV"], 10, 64)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, rev, token, "granted before the key was created")
 	require.Equal(t, "kept", env["OTHER"])
 	resp, err := cli.Get(t.Context(), env["ETCDLOCK_KEY"])
 	require.NoError(t, err)
@@ -176,6 +180,56 @@ func TestEnvironment(t *testing.T) {
 	require.Equal(t, []string{env["ETCDLOCK_KEY"]}, queueKeys(t, cli, name))
 
 	p.stdin.Close() // CMD's cat ends
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	require.Empty(t, queueKeys(t, cli, name))
+}
+
+// ETCD_LOCK_REV means what etcdctl lock means by it: the revision of the
+// response that granted the lock (concurrency.Mutex.Header), at which etcd
+// shows the key first in line; ETCDLOCK_TOKEN stays the key's create
+// revision. A waiter is granted after its predecessor's key was deleted, so
+// the two differ, and a fleet mixing both tools sees one rising series.
+func TestLockRevIsGrantRevision(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holder, _ := holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	p := startProc(t, nil, "run", "--quiet", ep(), name, "--", "sh", "-c",
+		`echo "env $ETCDLOCK_KEY $ETCDLOCK_TOKEN $ETCD_LOCK_KEY $ETCD_LOCK_REV"; cat >/dev/null`)
+	key := w.next(t) // the holder's key was put before the watch
+	// Released by hand, to learn the revision of the release.
+	del, err := cli.Delete(t.Context(), holder.Key())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, del.Deleted)
+	released := del.Header.Revision
+
+	f := strings.Fields(p.stdout.waitFor(t, "env "))
+	require.Len(t, f, 5, "env line: %q", f)
+	require.Equal(t, key, f[1])
+	require.Equal(t, key, f[3])
+	token, err := strconv.ParseInt(f[2], 10, 64)
+	require.NoError(t, err)
+	rev, err := strconv.ParseInt(f[4], 10, 64)
+	require.NoError(t, err)
+
+	// What etcd says: the token is the key's create revision; the lock
+	// was granted at or after the release; at that revision the key was
+	// first in line.
+	resp, err := cli.Get(t.Context(), key)
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	require.Equal(t, resp.Kvs[0].CreateRevision, token)
+	require.Less(t, token, released)
+	require.GreaterOrEqual(t, rev, released)
+	require.LessOrEqual(t, rev, resp.Header.Revision)
+	at, err := cli.Get(t.Context(), name+"/", clientv3.WithPrefix(), clientv3.WithRev(rev),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly())
+	require.NoError(t, err)
+	require.NotEmpty(t, at.Kvs)
+	require.Equal(t, key, string(at.Kvs[0].Key), "not first in line at ETCD_LOCK_REV %d", rev)
+
+	p.stdin.Close()
 	require.Equal(t, 0, p.wait(t), p.stderr.String())
 	require.Empty(t, queueKeys(t, cli, name))
 }
@@ -389,7 +443,7 @@ func TestRunsInOrderWithoutOverlap(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "log")
 	// The pause widens the window in which an overlap would show.
-	step := writeScript(t, dir, "step.sh", `echo "start $1 $ETCDLOCK_TOKEN" >> "$2"
+	step := writeScript(t, dir, "step.sh", `echo "start $1 $ETCDLOCK_TOKEN $ETCD_LOCK_REV" >> "$2"
 sleep 0.2
 echo "end $1" >> "$2"
 `)
@@ -409,15 +463,18 @@ echo "end $1" >> "$2"
 	data, err := os.ReadFile(log)
 	require.NoError(t, err)
 	var got []string
-	last := int64(0)
+	lastToken, lastRev := int64(0), int64(0)
 	for line := range strings.Lines(string(data)) {
 		f := strings.Fields(line)
 		got = append(got, f[0]+" "+f[1])
 		if f[0] == "start" {
 			token, err := strconv.ParseInt(f[2], 10, 64)
 			require.NoError(t, err)
-			require.Greater(t, token, last, "tokens must rise")
-			last = token
+			require.Greater(t, token, lastToken, "tokens must rise")
+			rev, err := strconv.ParseInt(f[3], 10, 64)
+			require.NoError(t, err)
+			require.Greater(t, rev, lastRev, "ETCD_LOCK_REV must rise")
+			lastToken, lastRev = token, rev
 		}
 	}
 	require.Equal(t, []string{"start A", "end A", "start B", "end B", "start C", "end C", "start D", "end D"}, got)
