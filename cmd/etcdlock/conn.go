@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -106,10 +107,41 @@ func (c *connFlags) credentials() (user, password string, err error) {
 		return c.user, c.password, nil
 	}
 	user, password, ok := strings.Cut(c.user, ":")
-	if !ok || user == "" {
+	if !ok {
 		return "", "", fmt.Errorf("--user %q has no password: give user:password, or --password", c.user)
 	}
+	if user == "" {
+		return "", "", fmt.Errorf("--user %q has an empty user name: give user:password", c.user)
+	}
 	return user, password, nil
+}
+
+// userName is the etcd user the connection authenticates as, for messages.
+func (c *connFlags) userName() string {
+	user, _, err := c.credentials()
+	if err != nil {
+		return c.user
+	}
+	return user
+}
+
+// explain rewrites etcd's terse authorization errors into what to do about
+// them: "user name is empty" means etcd wants a user, and "permission
+// denied" names the user and the key that was refused (the access is what
+// was tried on key, such as "read key" or "write key"). Other errors come
+// back as they are.
+func (c *connFlags) explain(err error, access, key string) error {
+	switch {
+	case errors.Is(err, rpctypes.ErrUserEmpty):
+		return fmt.Errorf("etcd requires authentication (%w): give --user user:password, or set ETCDCTL_USER", err)
+	case errors.Is(err, rpctypes.ErrPermissionDenied):
+		pfx := key
+		if i := strings.LastIndex(key, "/"); i >= 0 {
+			pfx = key[:i+1]
+		}
+		return fmt.Errorf("%w: etcd user %q may not %s %q (run needs readwrite permission on the keys with prefix %q, status read)", err, c.userName(), access, key, pfx)
+	}
+	return err
 }
 
 // connect returns a client of the endpoints that has answered a read of
@@ -129,7 +161,7 @@ func (c *connFlags) connect(ctx context.Context, probeKey string) (*clientv3.Cli
 	defer cancel()
 	if _, err := cli.Get(pctx, probeKey, clientv3.WithCountOnly()); err != nil {
 		cli.Close()
-		return nil, connectErr(where, c.dialTimeout, err)
+		return nil, connectErr(where, c.dialTimeout, c.explain(err, "read key", probeKey))
 	}
 	return cli, nil
 }

@@ -18,28 +18,35 @@ import (
 
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestParseArgs(t *testing.T) {
 	for _, tc := range []struct {
-		args []string
-		ttl  time.Duration
-		rest []string
+		args   []string
+		ttl    time.Duration
+		rest   []string
+		dashed bool
 	}{
-		{[]string{"--ttl", "5s", "n", "--", "cmd", "-x"}, 5 * time.Second, []string{"cmd", "-x"}},
-		{[]string{"n", "--ttl", "5s", "--", "cmd"}, 5 * time.Second, []string{"cmd"}},
-		{[]string{"n", "--ttl=5s", "cmd", "--ttl", "1s"}, 5 * time.Second, []string{"cmd", "--ttl", "1s"}},
-		{[]string{"n", "cmd", "arg"}, time.Second, []string{"cmd", "arg"}},
-		{[]string{"--", "n", "cmd"}, time.Second, []string{"cmd"}},
-		{[]string{"n", "--", "--", "cmd"}, time.Second, []string{"--", "cmd"}},
+		{[]string{"--ttl", "5s", "n", "--", "cmd", "-x"}, 5 * time.Second, []string{"cmd", "-x"}, false},
+		{[]string{"n", "--ttl", "5s", "--", "cmd"}, 5 * time.Second, []string{"cmd"}, false},
+		{[]string{"n", "--ttl=5s", "cmd", "--ttl", "1s"}, 5 * time.Second, []string{"cmd", "--ttl", "1s"}, false},
+		{[]string{"n", "cmd", "arg"}, time.Second, []string{"cmd", "arg"}, false},
+		{[]string{"n", "--", "--", "cmd"}, time.Second, []string{"--", "cmd"}, false},
+		// A "--" before NAME starts CMD unless a second one follows NAME.
+		{[]string{"--", "n", "cmd"}, time.Second, []string{"cmd"}, true},
+		{[]string{"--ttl", "5s", "--", "n"}, 5 * time.Second, []string{}, true},
+		{[]string{"--", "n", "--", "cmd"}, time.Second, []string{"cmd"}, false},
+		{[]string{"--", "n", "--ttl", "5s", "--", "cmd"}, 5 * time.Second, []string{"cmd"}, false},
 	} {
 		fs := newFlagSet("run")
 		ttl := fs.Duration("ttl", time.Second, "")
-		pos, rest, err := parseArgs(fs, tc.args, 1, "", nil)
+		pos, rest, dashed, err := parseArgs(fs, tc.args, 1, "", nil)
 		require.NoError(t, err, "%q", tc.args)
 		require.Equal(t, []string{"n"}, pos, "%q", tc.args)
 		require.Equal(t, tc.ttl, *ttl, "%q", tc.args)
 		require.Equal(t, tc.rest, rest, "%q", tc.args)
+		require.Equal(t, tc.dashed, dashed, "%q", tc.args)
 	}
 }
 
@@ -87,7 +94,7 @@ func TestCredentials(t *testing.T) {
 		{"root", "pw", "root", "pw", ""},
 		{"odd:name", "pw", "odd:name", "pw", ""}, // as etcdctl: --password takes --user whole
 		{"root", "", "", "", "has no password"},
-		{":pw", "", "", "", "has no password"},
+		{":pw", "", "", "", "has an empty user name"},
 		{"", "pw", "", "", "--password needs --user"},
 	} {
 		c := connFlags{user: tc.user, password: tc.password}
@@ -178,9 +185,21 @@ func TestAuth(t *testing.T) {
 	t.Parallel()
 	c := etcdtest.Start(t, 1)
 	cli := c.Client(t)
+	name := lockName(t)
+	// reader may read the lock's keys but not write them; nobody may do
+	// neither.
+	_, err := cli.RoleAdd(t.Context(), "reader")
+	require.NoError(t, err)
+	_, err = cli.RoleGrantPermission(t.Context(), "reader", name+"/", clientv3.GetPrefixRangeEnd(name+"/"), clientv3.PermissionType(clientv3.PermRead))
+	require.NoError(t, err)
+	for _, user := range []string{"reader", "nobody"} {
+		_, err = cli.UserAdd(t.Context(), user, "pw")
+		require.NoError(t, err)
+	}
+	_, err = cli.UserGrantRole(t.Context(), "reader", "reader")
+	require.NoError(t, err)
 	require.NoError(t, etcdtest.EnableAuth(t.Context(), cli, "secret"))
 	eps := "--endpoints=" + c.Endpoint(0)
-	name := lockName(t)
 
 	r := runProc(t, nil, "run", eps, "--user", "root:secret", name, "--", "true")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -191,9 +210,22 @@ func TestAuth(t *testing.T) {
 	r = runProc(t, nil, "run", eps, "--user", "root", "--password", "wrong", name, "--", "true")
 	require.Equal(t, exitConnect, r.code)
 	requireOneLineError(t, r, "authentication failed")
+	// No user: etcd says "user name is empty"; we say what to give.
 	r = runProc(t, nil, "status", eps, name)
 	require.Equal(t, exitConnect, r.code)
 	requireOneLineError(t, r, "cannot use etcd at")
+	requireOneLineError(t, r, "user name is empty): give --user user:password, or set ETCDCTL_USER")
+
+	// "permission denied" names the user and the key refused.
+	r = runProc(t, nil, "status", eps, "--user", "nobody:pw", name)
+	require.Equal(t, exitConnect, r.code)
+	requireOneLineError(t, r, `permission denied: etcd user "nobody" may not read key "`+name+`/" (run needs readwrite permission on the keys with prefix "`+name+`/", status read)`)
+	r = runProc(t, nil, "status", eps, "--user", "reader:pw", name)
+	require.Equal(t, 0, r.code, r.stderr)
+	r = runProc(t, nil, "run", eps, "--user", "reader:pw", name, "--", "true")
+	require.Equal(t, exitFailure, r.code)
+	requireOneLineError(t, r, `permission denied: etcd user "reader" may not write key "`+name+`/`)
+	requireOneLineError(t, r, `(run needs readwrite permission on the keys with prefix "`+name+`/", status read)`)
 }
 
 // syncBuffer is a bytes.Buffer safe for one writer and one reader, that

@@ -44,7 +44,7 @@ Needs no setup; takes a few seconds.
 
 func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	fset := newFlagSet("demo")
-	_, rest, err := parseArgs(fset, args, 0, demoHelp, stdout)
+	_, rest, _, err := parseArgs(fset, args, 0, demoHelp, stdout)
 	if err != nil {
 		return err
 	}

@@ -203,9 +203,12 @@ func newFlagSet(name string) *flag.FlagSet {
 
 // parseArgs parses flags placed before, between and after the first n
 // positional arguments, and returns those arguments and what follows them
-// (after an optional "--"). For --help it prints help to stdout and returns
-// an exitError with code 0.
-func parseArgs(fs *flag.FlagSet, args []string, n int, help string, stdout io.Writer) (pos, rest []string, err error) {
+// (after an optional "--"). dashed reports that a "--" came before the
+// positional arguments and none after them: in 'run -- true' or
+// 'run -- sleep 10' the user meant "--" to start CMD, and NAME is missing
+// ('run -- NAME -- CMD' is not dashed). For --help it prints help to
+// stdout and returns an exitError with code 0.
+func parseArgs(fs *flag.FlagSet, args []string, n int, help string, stdout io.Writer) (pos, rest []string, dashed bool, err error) {
 	command := strings.TrimPrefix(fs.Name(), "etcdlock ")
 	parse := func(args []string) error {
 		err := fs.Parse(args)
@@ -219,20 +222,35 @@ func parseArgs(fs *flag.FlagSet, args []string, n int, help string, stdout io.Wr
 		return nil
 	}
 	if err := parse(args); err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
+	// Parse stops after a "--", which it consumes.
+	endedByDash := func(args []string) bool {
+		consumed := len(args) - fs.NArg()
+		return consumed > 0 && args[consumed-1] == "--"
+	}
+	dashed = n > 0 && fs.NArg() > 0 && endedByDash(args)
 	for len(pos) < n && fs.NArg() > 0 {
 		pos = append(pos, fs.Arg(0))
-		if err := parse(fs.Args()[1:]); err != nil {
-			return nil, nil, err
+		after := fs.Args()[1:]
+		if err := parse(after); err != nil {
+			return nil, nil, false, err
+		}
+		if len(pos) == n && endedByDash(after) {
+			dashed = false
 		}
 	}
-	return pos, fs.Args(), nil
+	return pos, fs.Args(), dashed, nil
 }
 
-// printHelp prints a command's help text with its flags.
+// printHelp prints a command's help text with its flags, if it has any.
 func printHelp(fs *flag.FlagSet, help string, w io.Writer) {
 	fmt.Fprint(w, help)
+	flags := 0
+	fs.VisitAll(func(*flag.Flag) { flags++ })
+	if flags == 0 {
+		return
+	}
 	fmt.Fprintln(w, "\nFlags (-flag and --flag are the same):")
 	fs.SetOutput(w)
 	fs.PrintDefaults()

@@ -75,13 +75,18 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	try := fset.Bool("try", false, "do not wait: exit 4 if the lock is held or has waiters")
 	grace := fset.Duration("grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
-	pos, cmdArgs, err := parseArgs(fset, args, 1, runHelp, stdout)
+	pos, cmdArgs, dashed, err := parseArgs(fset, args, 1, runHelp, stdout)
 	if err != nil {
 		return err
 	}
 	switch {
-	case len(pos) == 0 || pos[0] == "":
+	case len(pos) == 0:
 		return usageErr("run", "missing lock NAME")
+	case dashed:
+		// 'run -- true': the "--" starts CMD, NAME is missing.
+		return usageErr("run", "missing lock NAME before \"--\"")
+	case pos[0] == "":
+		return usageErr("run", "empty lock NAME")
 	case len(cmdArgs) == 0:
 		return usageErr("run", "missing CMD to run under lock %q", pos[0])
 	case *ttl < etcdlock.MinTTL:
@@ -123,7 +128,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	defer s.Close()
 	m := etcdlock.NewMutex(s, name)
 	if err := acquire(cli, m, name, *try, *timeout, *quiet, sigc, stderr); err != nil {
-		return err
+		return conn.explain(err, "write key", m.Key())
 	}
 	return runLocked(cli, s, m, cmd, name, *grace, sigc, stdout, stderr)
 }

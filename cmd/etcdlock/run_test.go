@@ -31,6 +31,9 @@ func TestHelp(t *testing.T) {
 	r := runProc(t, nil, "--help")
 	require.Contains(t, r.stdout, "Exit codes:")
 	require.Contains(t, r.stdout, "127      run: CMD not found")
+	// A command without flags has no flags heading.
+	r = runProc(t, nil, "help", "demo")
+	require.NotContains(t, r.stdout, "Flags")
 	r = runProc(t, nil, "run", "--help")
 	for _, want := range []string{"Exit codes:", "ETCDLOCK_TOKEN", "ETCD_LOCK_REV", "-grace", "-timeout", "-try", "-ttl", "-endpoints", "ETCDCTL_ENDPOINTS"} {
 		require.Contains(t, r.stdout, want)
@@ -52,6 +55,9 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"run", "-x", "n", "--", "true"}, "flag provided but not defined: -x"},
 		{nil, []string{"run", "n", "--bogus", "--", "true"}, "flag provided but not defined: -bogus"},
 		{nil, []string{"run"}, "missing lock NAME"},
+		{nil, []string{"run", "--", "true"}, `missing lock NAME before "--"`},
+		{nil, []string{"run", "--ttl", "5s", "--", "sleep", "10"}, `missing lock NAME before "--"`},
+		{nil, []string{"run", "", "--", "true"}, "empty lock NAME"},
 		{nil, []string{"run", "n"}, "missing CMD"},
 		{nil, []string{"run", "n", "--"}, "missing CMD"},
 		{nil, []string{"run", "--ttl", "500ms", "n", "--", "true"}, "--ttl must be at least 1s"},
@@ -61,7 +67,9 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"run", "--password", "pw", "n", "--", "true"}, "--password needs --user"},
 		{nil, []string{"run", "--endpoints", " , ", "n", "--", "true"}, "no etcd endpoints"},
 		{[]string{"ETCDCTL_DIAL_TIMEOUT=soon"}, []string{"run", "n", "--", "true"}, "ETCDCTL_DIAL_TIMEOUT"},
+		{nil, []string{"run", "--user", ":pw", "n", "--", "true"}, "has an empty user name"},
 		{nil, []string{"status"}, "missing lock NAME"},
+		{nil, []string{"status", ""}, "empty lock NAME"},
 		{nil, []string{"status", "n", "extra"}, `unexpected argument "extra"`},
 		{nil, []string{"demo", "extra"}, `unexpected argument "extra"`},
 	} {

@@ -142,12 +142,15 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	var conn connFlags
 	conn.register(fs)
 	jsonOut := fs.Bool("json", false, "print JSON")
-	pos, rest, err := parseArgs(fs, args, 1, statusHelp, stdout)
+	pos, rest, _, err := parseArgs(fs, args, 1, statusHelp, stdout)
 	if err != nil {
 		return err
 	}
-	if len(pos) == 0 {
+	switch {
+	case len(pos) == 0:
 		return usageErr("status", "missing lock NAME")
+	case pos[0] == "":
+		return usageErr("status", "empty lock NAME")
 	}
 	if len(rest) > 0 {
 		return usageErr("status", "unexpected argument %q after NAME", rest[0])
@@ -167,7 +170,7 @@ func cmdStatus(args []string, stdout io.Writer) error {
 
 	st, err := readStatus(ctx, cli, name)
 	if err != nil {
-		return fmt.Errorf("read lock %q: %w", name, err)
+		return fmt.Errorf("read lock %q: %w", name, conn.explain(err, "read the keys with prefix", name+"/"))
 	}
 	if *jsonOut {
 		enc := json.NewEncoder(stdout)
