@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,13 +18,15 @@ import (
 
 // connFlags are the etcdctl connection settings shared by run and status.
 type connFlags struct {
-	endpoints   string
-	user        string
-	password    string
-	cacert      string
-	cert        string
-	key         string
-	dialTimeout time.Duration
+	endpoints      string
+	user           string
+	password       string
+	cacert         string
+	cert           string
+	key            string
+	skipVerify     bool
+	dialTimeout    time.Duration
+	commandTimeout time.Duration // bounds each short request, as in etcdctl
 }
 
 // connEnv maps each connection flag to the etcdctl environment variable
@@ -35,13 +38,18 @@ var connEnv = []struct{ flag, env string }{
 	{"cacert", "ETCDCTL_CACERT"},
 	{"cert", "ETCDCTL_CERT"},
 	{"key", "ETCDCTL_KEY"},
+	{"insecure-skip-tls-verify", "ETCDCTL_INSECURE_SKIP_TLS_VERIFY"},
 	{"dial-timeout", "ETCDCTL_DIAL_TIMEOUT"},
+	{"command-timeout", "ETCDCTL_COMMAND_TIMEOUT"},
 }
 
 const connHelp = `
-Connection flags are etcdctl's. Each flag not given is read from its
-environment variable: ETCDCTL_ENDPOINTS, ETCDCTL_USER, ETCDCTL_PASSWORD,
-ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_DIAL_TIMEOUT.
+Connection flags are etcdctl's, with its defaults. Each flag not given is
+read from its environment variable: ETCDCTL_ENDPOINTS, ETCDCTL_USER,
+ETCDCTL_PASSWORD, ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY,
+ETCDCTL_INSECURE_SKIP_TLS_VERIFY, ETCDCTL_DIAL_TIMEOUT,
+ETCDCTL_COMMAND_TIMEOUT. Durations take a unit (10s, 1m30s) or are whole
+seconds (10).
 `
 
 func (c *connFlags) register(fs *flag.FlagSet) {
@@ -51,7 +59,9 @@ func (c *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.cacert, "cacert", "", "verify etcd's TLS certificate with this CA `file`")
 	fs.StringVar(&c.cert, "cert", "", "TLS client certificate `file`")
 	fs.StringVar(&c.key, "key", "", "TLS client key `file`")
-	fs.DurationVar(&c.dialTimeout, "dial-timeout", 2*time.Second, "give up reaching etcd after this `duration`")
+	fs.BoolVar(&c.skipVerify, "insecure-skip-tls-verify", false, "use TLS but do not verify etcd's certificate (for testing only: anyone in between can read and change the traffic)")
+	durationVar(fs, &c.dialTimeout, "dial-timeout", 2*time.Second, "give up reaching etcd after this `duration`")
+	durationVar(fs, &c.commandTimeout, "command-timeout", 5*time.Second, "give up each short request to etcd after this `duration` (reads, the release; not the dial, nor the wait for the lock)")
 }
 
 // applyEnv sets each connection flag not given on the command line from
@@ -90,6 +100,9 @@ func (c *connFlags) check() error {
 	}
 	if c.dialTimeout <= 0 {
 		return fmt.Errorf("--dial-timeout must be positive, not %v", c.dialTimeout)
+	}
+	if c.commandTimeout <= 0 {
+		return fmt.Errorf("--command-timeout must be positive, not %v", c.commandTimeout)
 	}
 	if _, _, err := c.credentials(); err != nil {
 		return err
@@ -187,6 +200,13 @@ func (c *connFlags) clientConfig() (clientv3.Config, error) {
 			return clientv3.Config{}, fmt.Errorf("TLS setup: %v", err)
 		}
 		cfg.TLS = tlsCfg
+	}
+	// As etcdctl: with this flag, endpoints without a scheme use TLS too.
+	if c.skipVerify {
+		if cfg.TLS == nil {
+			cfg.TLS = &tls.Config{}
+		}
+		cfg.TLS.InsecureSkipVerify = true
 	}
 	return cfg, nil
 }

@@ -57,7 +57,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -255,6 +257,34 @@ func printHelp(fs *flag.FlagSet, help string, w io.Writer) {
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 	fs.SetOutput(io.Discard)
+}
+
+// durationFlag is a flag.Value for a duration that also takes a bare whole
+// number of seconds, as etcdctl's --ttl does: "10" is 10s.
+type durationFlag time.Duration
+
+// durationVar defines a durationFlag flag that stores into p.
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	fs.Var((*durationFlag)(p), name, usage)
+}
+
+func (d *durationFlag) String() string { return time.Duration(*d).String() }
+
+func (d *durationFlag) Set(s string) error {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n > math.MaxInt64/int64(time.Second) || n < math.MinInt64/int64(time.Second) {
+			return errors.New("out of range")
+		}
+		*d = durationFlag(time.Duration(n) * time.Second)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration such as 10s or 1m30s, nor a whole number of seconds")
+	}
+	*d = durationFlag(v)
+	return nil
 }
 
 // fmtDur formats d for people: milliseconds below a second, tenths of a

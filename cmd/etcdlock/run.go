@@ -18,13 +18,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// releaseTimeout bounds Unlock after CMD exits; past it the lock ends with
-// the session's lease, which Close revokes.
-const releaseTimeout = 10 * time.Second
-
-// recordTimeout bounds the write that records the holder for status.
-const recordTimeout = 5 * time.Second
-
 const runHelp = `Usage: etcdlock run [flags] NAME -- CMD [ARGS...]
 
 Waits for the lock NAME (first come, first served), runs CMD while holding
@@ -70,10 +63,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fset := newFlagSet("run")
 	var conn connFlags
 	conn.register(fset)
-	ttl := fset.Duration("ttl", etcdlock.DefaultTTL, "lease `TTL`: if etcdlock dies, the lock passes on at most this long after")
-	timeout := fset.Duration("timeout", 0, "give up waiting after this `duration` and exit 5 (0: wait for ever)")
+	var ttl, timeout, grace time.Duration
+	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`: if etcdlock dies, the lock passes on at most this long after")
+	durationVar(fset, &timeout, "timeout", 0, "give up waiting after this `duration` and exit 5 (0: wait for ever)")
 	try := fset.Bool("try", false, "do not wait: exit 4 if the lock is held or has waiters")
-	grace := fset.Duration("grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
+	durationVar(fset, &grace, "grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
 	pos, cmdArgs, dashed, err := parseArgs(fset, args, 1, runHelp, stdout)
 	if err != nil {
@@ -89,13 +83,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("run", "empty lock NAME")
 	case len(cmdArgs) == 0:
 		return usageErr("run", "missing CMD to run under lock %q", pos[0])
-	case *ttl < etcdlock.MinTTL:
-		return usageErr("run", "--ttl must be at least %v, not %v", etcdlock.MinTTL, *ttl)
-	case *timeout < 0:
+	case ttl < etcdlock.MinTTL:
+		return usageErr("run", "--ttl must be at least %v, not %v", etcdlock.MinTTL, ttl)
+	case timeout < 0:
 		return usageErr("run", "--timeout must not be negative")
-	case *grace < 0:
+	case grace < 0:
 		return usageErr("run", "--grace must not be negative")
-	case *try && *timeout > 0:
+	case *try && timeout > 0:
 		return usageErr("run", "--try and --timeout exclude each other")
 	}
 	if err := setupConn(fset, &conn, "run"); err != nil {
@@ -120,17 +114,17 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer cli.Close()
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(*ttl))
+	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(ttl))
 	if err != nil {
 		return err
 	}
 	// Revokes the lease: whatever is left of this run in etcd goes now.
 	defer s.Close()
 	m := etcdlock.NewMutex(s, name)
-	if err := acquire(cli, m, name, *try, *timeout, *quiet, sigc, stderr); err != nil {
+	if err := acquire(cli, m, name, *try, timeout, conn.commandTimeout, *quiet, sigc, stderr); err != nil {
 		return conn.explain(err, "write key", m.Key())
 	}
-	return runLocked(cli, s, m, cmd, name, *grace, sigc, stdout, stderr)
+	return runLocked(cli, s, m, cmd, name, grace, conn.commandTimeout, sigc, stdout, stderr)
 }
 
 // cmdErr explains why CMD cannot be started.
@@ -147,7 +141,7 @@ func cmdErr(name string, err error) error {
 
 // acquire takes the lock (or tries to, with try), showing progress on
 // stderr. A signal from sigc abandons the wait: Lock removes the key.
-func acquire(cli *clientv3.Client, m *etcdlock.Mutex, name string, try bool, timeout time.Duration, quiet bool, sigc <-chan os.Signal, stderr io.Writer) error {
+func acquire(cli *clientv3.Client, m *etcdlock.Mutex, name string, try bool, timeout, cmdTimeout time.Duration, quiet bool, sigc <-chan os.Signal, stderr io.Writer) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if timeout > 0 {
@@ -184,7 +178,7 @@ func acquire(cli *clientv3.Client, m *etcdlock.Mutex, name string, try bool, tim
 	case sig != nil:
 		if err == nil {
 			// The lock was granted before Lock saw the cancel.
-			release(m)
+			release(m, cmdTimeout)
 		}
 		return failf(exitSignalBase+signalNumber(sig), "interrupted by %s while waiting for lock %q; left the queue", sigName(sig), name)
 	case err == nil:
@@ -193,18 +187,18 @@ func acquire(cli *clientv3.Client, m *etcdlock.Mutex, name string, try bool, tim
 		}
 		return nil
 	case errors.Is(err, etcdlock.ErrLocked):
-		return failf(exitHeld, "lock %q is held%s", name, describeHolder(cli, name))
+		return failf(exitHeld, "lock %q is held%s", name, describeHolder(cli, name, cmdTimeout))
 	case timeout > 0 && errors.Is(err, context.DeadlineExceeded):
-		return failf(exitTimeout, "timed out after %v waiting for lock %q, held%s", timeout, name, describeHolder(cli, name))
+		return failf(exitTimeout, "timed out after %v waiting for lock %q, held%s", timeout, name, describeHolder(cli, name, cmdTimeout))
 	default:
 		return fmt.Errorf("lock %q: %w", name, err)
 	}
 }
 
 // describeHolder names the holder of lock name, and how many wait, for a
-// message; "" if that cannot be read at once.
-func describeHolder(cli *clientv3.Client, name string) string {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+// message; "" if that cannot be read within timeout.
+func describeHolder(cli *clientv3.Client, name string, timeout time.Duration) string {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	q, err := readQueue(ctx, cli, name, true, false)
 	if err != nil || len(q.Entries) == 0 {
@@ -218,10 +212,10 @@ func describeHolder(cli *clientv3.Client, name string) string {
 	return s
 }
 
-// release unlocks m with a bounded context; if that fails, the session's
-// Close revokes the lease, and with it the lock.
-func release(m *etcdlock.Mutex) error {
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+// release unlocks m within timeout; if that fails, the session's Close
+// revokes the lease, and with it the lock.
+func release(m *etcdlock.Mutex, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	return m.Unlock(ctx)
 }
@@ -229,7 +223,7 @@ func release(m *etcdlock.Mutex) error {
 // runLocked runs cmd while m is held, passing signals from sigc on to it,
 // and stops it if the lock is lost. It releases m when cmd exits, and
 // returns cmd's exit code as an exitError, or exitLost.
-func runLocked(cli *clientv3.Client, s *etcdlock.Session, m *etcdlock.Mutex, cmd *exec.Cmd, name string, grace time.Duration, sigc <-chan os.Signal, stdout, stderr io.Writer) error {
+func runLocked(cli *clientv3.Client, s *etcdlock.Session, m *etcdlock.Mutex, cmd *exec.Cmd, name string, grace, cmdTimeout time.Duration, sigc <-chan os.Signal, stdout, stderr io.Writer) error {
 	acquired := time.Now()
 	lost := m.Done() // starts watching the hold now, before CMD runs
 	cmdName := filepath.Base(cmd.Args[0])
@@ -252,14 +246,14 @@ func runLocked(cli *clientv3.Client, s *etcdlock.Session, m *etcdlock.Mutex, cmd
 		ownGroup(cmd)
 	}
 	if err := cmd.Start(); err != nil {
-		release(m)
+		release(m, cmdTimeout)
 		return cmdErr(cmd.Args[0], err)
 	}
 
 	recorded := make(chan struct{})
 	go func() {
 		defer close(recorded)
-		recordHolder(cli, m, acquired, cmdName)
+		recordHolder(cli, m, acquired, cmdName, cmdTimeout)
 	}()
 	waitc := make(chan error, 1)
 	go func() { waitc <- cmd.Wait() }()
@@ -299,7 +293,7 @@ loop:
 	if waitErr == nil || errors.As(waitErr, &ee) {
 		code = exitStatus(cmd.ProcessState)
 	}
-	uerr := release(m)
+	uerr := release(m, cmdTimeout)
 	switch {
 	case lostErr != nil:
 		return failf(exitLost, "lock %q was lost while %s ran; %s exited with status %d", name, cmdName, cmdName, code)
@@ -317,14 +311,14 @@ loop:
 // status. The write is guarded by IsOwner, so it never touches a key of a
 // later hold, and keeps the key's lease; the key's create revision, its
 // place and token, stays as it is. Waiters watch for deletes only. It is
-// best effort: status says "unknown" without it.
-func recordHolder(cli *clientv3.Client, m *etcdlock.Mutex, since time.Time, cmdName string) {
+// best effort, given timeout: status says "unknown" without it.
+func recordHolder(cli *clientv3.Client, m *etcdlock.Mutex, since time.Time, cmdName string, timeout time.Duration) {
 	host, _ := os.Hostname()
 	rec, err := json.Marshal(holderRecord{Since: since.UTC(), Host: host, PID: os.Getpid(), Command: cmdName})
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	_, _ = cli.Txn(ctx).
 		If(m.IsOwner()).

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -11,9 +12,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// requestTimeout bounds the reads of status.
-const requestTimeout = 10 * time.Second
 
 const statusHelp = `Usage: etcdlock status [flags] NAME
 
@@ -160,15 +158,18 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	}
 	name := pos[0]
 
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout+conn.dialTimeout)
-	defer cancel()
-	cli, err := conn.connect(ctx, name+"/")
+	cli, err := conn.connect(context.Background(), name+"/")
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
 
+	ctx, cancel := context.WithTimeout(context.Background(), conn.commandTimeout)
+	defer cancel()
 	st, err := readStatus(ctx, cli, name)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("read lock %q: no answer from etcd within %v (--command-timeout)", name, conn.commandTimeout)
+	}
 	if err != nil {
 		return fmt.Errorf("read lock %q: %w", name, conn.explain(err, "read the keys with prefix", name+"/"))
 	}
