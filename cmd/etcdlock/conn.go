@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -54,7 +55,7 @@ seconds (10).
 
 func (c *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.endpoints, "endpoints", "127.0.0.1:2379", "comma-separated etcd `endpoints`")
-	fs.StringVar(&c.user, "user", "", "etcd user as `user:password`, or user with --password")
+	fs.StringVar(&c.user, "user", "", "etcd user as `user:password`, or user with --password; a user alone is asked for the password if standard input is a terminal")
 	fs.StringVar(&c.password, "password", "", "`password` of --user")
 	fs.StringVar(&c.cacert, "cacert", "", "verify etcd's TLS certificate with this CA `file`")
 	fs.StringVar(&c.cert, "cert", "", "TLS client certificate `file`")
@@ -104,9 +105,36 @@ func (c *connFlags) check() error {
 	if c.commandTimeout <= 0 {
 		return fmt.Errorf("--command-timeout must be positive, not %v", c.commandTimeout)
 	}
+	if c.needsPassword() {
+		return nil // askPassword asks for it
+	}
 	if _, _, err := c.credentials(); err != nil {
 		return err
 	}
+	return nil
+}
+
+// needsPassword reports whether --user names a user without a password,
+// and no --password is given.
+func (c *connFlags) needsPassword() bool {
+	return c.user != "" && c.password == "" && !strings.Contains(c.user, ":")
+}
+
+// askPassword asks for the password of --user on the terminal, as etcdctl
+// does, when --user has none and no --password is given. Without a
+// terminal on standard input it returns a usage error for command.
+func (c *connFlags) askPassword(command string, stdin *os.File, stderr io.Writer) error {
+	if !c.needsPassword() {
+		return nil
+	}
+	password, ok, err := readPassword(stdin, fmt.Sprintf("Password of etcd user %q: ", c.user), stderr)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return usageErr(command, "--user %q has no password, and standard input is not a terminal to ask for it: give user:password, --password, or ETCDCTL_PASSWORD", c.user)
+	}
+	c.password = password
 	return nil
 }
 

@@ -14,9 +14,11 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -237,6 +239,90 @@ func TestAuth(t *testing.T) {
 	require.Equal(t, exitFailure, r.code)
 	requireOneLineError(t, r, `permission denied: etcd user "reader" may not write key "`+name+`/`)
 	requireOneLineError(t, r, `(run needs readwrite permission on the keys with prefix "`+name+`/", status read)`)
+
+	// A user without a password is asked for it on the terminal, with
+	// echo off; the terminal is left as it was, also after Ctrl-C.
+	t.Run("prompt", func(t *testing.T) {
+		term, tty := openPTY(t)
+		for i, tc := range []struct {
+			typed string // "" sends SIGINT at the prompt instead
+			code  int
+			want  string
+		}{
+			{"secret", 0, "is free"},
+			{"wrong", exitConnect, "authentication failed"},
+			{"", exitSignalBase + int(syscall.SIGINT), "etcdlock: interrupted by SIGINT at the password prompt"},
+		} {
+			cmd := exec.Command(bin, "status", eps, "--user", "root", name)
+			cmd.Env = append(cleanEnv(), "ETCDCTL_DIAL_TIMEOUT=30s")
+			stdout, stderr := newSyncBuffer(), newSyncBuffer()
+			cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, stdout, stderr
+			require.NoError(t, cmd.Start())
+			exited := make(chan struct{})
+			go func() {
+				defer close(exited)
+				cmd.Wait()
+			}()
+			waitWritten(t, stderr, `Password of etcd user "root": `)
+			if tc.typed == "" {
+				require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+			} else {
+				_, err := term.WriteString(tc.typed + "\n")
+				require.NoError(t, err)
+			}
+			select {
+			case <-exited:
+			case <-time.After(procTimeout):
+				cmd.Process.Kill()
+				<-exited
+				t.Fatal("etcdlock still runs after the password")
+			}
+			out, _ := stdout.read()
+			errOut, _ := stderr.read()
+			require.Equal(t, tc.code, cmd.ProcessState.ExitCode(), "stderr: %s", errOut)
+			require.Contains(t, out+errOut, tc.want)
+
+			// Echo is on again: a marker typed now comes back, and
+			// nothing before it did.
+			marker := fmt.Sprintf("marker-%d", i)
+			_, err := term.WriteString(marker + "\n")
+			require.NoError(t, err)
+			echoed := readUntil(t, term, marker)
+			require.Equal(t, marker, strings.TrimSpace(echoed), "echoed at the prompt")
+			readUntil(t, tty, marker) // the next run must not read it
+		}
+	})
+}
+
+// waitWritten waits until b contains s.
+func waitWritten(t *testing.T, b *syncBuffer, s string) {
+	t.Helper()
+	deadline := time.After(procTimeout)
+	for {
+		got, changed := b.read()
+		if strings.Contains(got, s) {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no %q in %q", s, got)
+		}
+	}
+}
+
+// readUntil reads f until what it read contains s, and returns that.
+func readUntil(t *testing.T, f *os.File, s string) string {
+	t.Helper()
+	require.NoError(t, f.SetReadDeadline(time.Now().Add(procTimeout)))
+	var got []byte
+	buf := make([]byte, 256)
+	for !bytes.Contains(got, []byte(s)) {
+		n, err := f.Read(buf)
+		got = append(got, buf[:n]...)
+		require.NoError(t, err, "read so far: %q", got)
+	}
+	return string(got)
 }
 
 // syncBuffer is a bytes.Buffer safe for one writer and one reader, that

@@ -179,7 +179,7 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 	case "run":
 		return cmdRun(rest, stdout, stderr)
 	case "status":
-		return cmdStatus(rest, stdout)
+		return cmdStatus(rest, stdout, stderr)
 	case demoHolderCmd:
 		return cmdDemoHolder(rest, stdout)
 	case "help", "-h", "-help", "--help":

@@ -102,6 +102,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return cmdErr(cmdArgs[0], err)
 	}
 	cmd := exec.Command(cmdArgs[0], cmdArgs[1:]...)
+	// Before signals are caught: Ctrl-C at the prompt must end etcdlock.
+	if err := conn.askPassword("run", os.Stdin, stderr); err != nil {
+		return err
+	}
 
 	// From here on a signal must not kill etcdlock, whose lease would then
 	// linger for its TTL: until CMD runs, it ends the run cleanly.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -135,7 +136,7 @@ type waiterJSON struct {
 	Token    int64  `json:"token"` // create revision: the token if it gets the lock
 }
 
-func cmdStatus(args []string, stdout io.Writer) error {
+func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("status")
 	var conn connFlags
 	conn.register(fs)
@@ -154,6 +155,9 @@ func cmdStatus(args []string, stdout io.Writer) error {
 		return usageErr("status", "unexpected argument %q after NAME", rest[0])
 	}
 	if err := setupConn(fs, &conn, "status"); err != nil {
+		return err
+	}
+	if err := conn.askPassword("status", os.Stdin, stderr); err != nil {
 		return err
 	}
 	name := pos[0]
