@@ -5,6 +5,7 @@
 //	etcdlock demo                              three clients take turns on one lock, on an embedded etcd
 //	etcdlock run [flags] NAME -- CMD [ARGS...] hold the lock NAME while CMD runs
 //	etcdlock status [flags] NAME               show the holder and the waiters of NAME
+//	etcdlock version                           show the versions of etcdlock, Go and the etcd client
 //
 // Locks are those of package etcdlock: the key NAME/<lease ID in hex>, bound
 // to a lease the process keeps alive, the layout of `etcdctl lock`, so both
@@ -99,6 +100,8 @@ Usage:
                                               on an embedded etcd: no setup needed
   etcdlock run [flags] NAME -- CMD [ARGS...]  hold the lock NAME while CMD runs
   etcdlock status [flags] NAME                show the holder and waiters of NAME
+  etcdlock version                            show the versions of etcdlock, Go
+                                              and the etcd client
   etcdlock help [COMMAND]                     show help
 
 Locks are keys NAME/<lease ID in hex>, the layout of 'etcdctl lock': both tools
@@ -180,6 +183,8 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		return cmdRun(rest, stdout, stderr)
 	case "status":
 		return cmdStatus(rest, stdout, stderr)
+	case "version":
+		return cmdVersion(rest, stdout)
 	case demoHolderCmd:
 		return cmdDemoHolder(rest, stdout)
 	case "help", "-h", "-help", "--help":

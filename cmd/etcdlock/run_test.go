@@ -6,6 +6,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,7 +23,7 @@ func TestHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"-h"}, {"help"},
 		{"run", "--help"}, {"help", "run"},
-		{"status", "-h"}, {"demo", "--help"},
+		{"status", "-h"}, {"demo", "--help"}, {"help", "version"},
 	} {
 		r := runProc(t, nil, args...)
 		require.Equal(t, exitOK, r.code, "%q: %s", args, r.stderr)
@@ -38,6 +40,26 @@ func TestHelp(t *testing.T) {
 	for _, want := range []string{"Exit codes:", "ETCDLOCK_TOKEN", "ETCD_LOCK_REV", "-grace", "-timeout", "-try", "-ttl", "-endpoints", "ETCDCTL_ENDPOINTS"} {
 		require.Contains(t, r.stdout, want)
 	}
+}
+
+// version reports etcdlock's module version ("devel" for the test's build
+// from the checkout), Go's, and the etcd client's, as the build recorded
+// them: the test binary is built from the same module.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	bi, ok := debug.ReadBuildInfo()
+	require.True(t, ok)
+	client := ""
+	for _, d := range bi.Deps {
+		if d.Path == "go.etcd.io/etcd/client/v3" {
+			client = d.Version
+		}
+	}
+	require.NotEmpty(t, client)
+	r := runProc(t, nil, "version")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Empty(t, r.stderr)
+	require.Equal(t, "etcdlock version: devel\nGo version: "+runtime.Version()+"\netcd client version: "+client+"\n", r.stdout)
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -73,6 +95,7 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"status", ""}, "empty lock NAME"},
 		{nil, []string{"status", "n", "extra"}, `unexpected argument "extra"`},
 		{nil, []string{"demo", "extra"}, `unexpected argument "extra"`},
+		{nil, []string{"version", "extra"}, `unexpected argument "extra"`},
 	} {
 		r := runProc(t, tc.env, tc.args...)
 		require.Equal(t, exitUsage, r.code, "%q: %s", tc.args, r.stderr)
