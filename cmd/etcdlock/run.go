@@ -44,7 +44,9 @@ is the one number both set with the same meaning.
 The lock lives as long as etcdlock renews its lease: if etcdlock dies, the
 lock passes on at most --ttl later. If the lock is lost while CMD runs (the
 key was deleted, or the lease could not be renewed within --ttl), CMD gets
-SIGTERM, then SIGKILL after --grace, and etcdlock exits 6.
+SIGTERM, then SIGKILL after --grace, and etcdlock exits 6 as soon as CMD
+has exited: it tries to revoke the lease for a second at most (etcd may be
+out of reach; the lease expires on its own).
 
 SIGINT, SIGTERM and SIGHUP are passed on to CMD; while etcdlock still waits
 they make it leave the queue and exit 128+N. Unless standard input is the
@@ -118,17 +120,16 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer cli.Close()
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(ttl))
-	if err != nil {
+	r := &lockRun{cli: cli, conn: &conn, name: name, ttl: ttl, sigc: sigc, stderr: stderr}
+	if err := r.startSession(); err != nil {
 		return err
 	}
 	// Revokes the lease: whatever is left of this run in etcd goes now.
-	defer s.Close()
-	m := etcdlock.NewMutex(s, name)
-	if err := acquire(cli, m, name, *try, timeout, conn.commandTimeout, *quiet, sigc, stderr); err != nil {
-		return conn.explain(err, "write key", m.Key())
+	defer r.endSession()
+	if err := r.acquire(*try, timeout, *quiet); err != nil {
+		return err
 	}
-	return runLocked(cli, s, m, cmd, name, grace, conn.commandTimeout, sigc, stdout, stderr)
+	return r.runLocked(cmd, grace, stdout)
 }
 
 // cmdErr explains why CMD cannot be started.
@@ -143,9 +144,57 @@ func cmdErr(name string, err error) error {
 	}
 }
 
+// lostCleanupTimeout bounds the cleanup once the lock is known lost. The
+// lease then expires on its own within its TTL, and etcd may be out of
+// reach: waiting longer for it would only delay the exit, and with it
+// whatever runs the next attempt.
+const lostCleanupTimeout = time.Second
+
+// A lockRun is one 'etcdlock run' once connected: the session and Mutex it
+// waits for and holds the lock through, and what it needs to report. Its
+// methods are called from one goroutine.
+type lockRun struct {
+	cli    *clientv3.Client
+	conn   *connFlags
+	name   string
+	ttl    time.Duration
+	sigc   <-chan os.Signal // SIGINT, SIGTERM, SIGHUP to etcdlock
+	stderr io.Writer
+
+	s    *etcdlock.Session
+	m    *etcdlock.Mutex
+	lost bool // the lock is known lost: cleanup is best effort, and short
+}
+
+// startSession starts the session whose lease the lock's key is bound to.
+func (r *lockRun) startSession() error {
+	s, err := etcdlock.NewSession(r.cli, etcdlock.WithTTL(r.ttl))
+	if err != nil {
+		return err
+	}
+	r.s, r.m = s, etcdlock.NewMutex(s, r.name)
+	return nil
+}
+
+// endSession stops the session's keepalives and revokes its lease, which
+// deletes whatever key of this run is left. The revoke waits at most
+// --command-timeout, and after a loss at most lostCleanupTimeout; if it
+// fails, the lease expires within its TTL. (Session.Close would wait up
+// to the TTL.)
+func (r *lockRun) endSession() {
+	timeout := r.conn.commandTimeout
+	if r.lost {
+		timeout = min(timeout, lostCleanupTimeout)
+	}
+	r.s.Orphan()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_, _ = r.cli.Revoke(ctx, r.s.Lease())
+}
+
 // acquire takes the lock (or tries to, with try), showing progress on
-// stderr. A signal from sigc abandons the wait: Lock removes the key.
-func acquire(cli *clientv3.Client, m *etcdlock.Mutex, name string, try bool, timeout, cmdTimeout time.Duration, quiet bool, sigc <-chan os.Signal, stderr io.Writer) error {
+// stderr. A signal abandons the wait: Lock removes the key.
+func (r *lockRun) acquire(try bool, timeout time.Duration, quiet bool) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if timeout > 0 {
@@ -153,6 +202,7 @@ func acquire(cli *clientv3.Client, m *etcdlock.Mutex, name string, try bool, tim
 		ctx, cancelT = context.WithTimeout(ctx, timeout)
 		defer cancelT()
 	}
+	m := r.m
 	start := time.Now()
 	res := make(chan error, 1)
 	go func() {
@@ -164,15 +214,15 @@ func acquire(cli *clientv3.Client, m *etcdlock.Mutex, name string, try bool, tim
 	}()
 	var prog *progress
 	if !try && !quiet {
-		f, ok := stderr.(*os.File)
-		prog = startProgress(cli, name, m.Key(), stderr, ok && isTerminal(f), start)
+		f, ok := r.stderr.(*os.File)
+		prog = startProgress(r.cli, r.name, m.Key(), r.stderr, ok && isTerminal(f), start)
 	}
 
 	var sig os.Signal
 	var err error
 	select {
 	case err = <-res:
-	case sig = <-sigc:
+	case sig = <-r.sigc:
 		cancel()
 		err = <-res // Lock removes the key before it returns
 	}
@@ -182,29 +232,29 @@ func acquire(cli *clientv3.Client, m *etcdlock.Mutex, name string, try bool, tim
 	case sig != nil:
 		if err == nil {
 			// The lock was granted before Lock saw the cancel.
-			release(m, cmdTimeout)
+			r.release()
 		}
-		return failf(exitSignalBase+signalNumber(sig), "interrupted by %s while waiting for lock %q; left the queue", sigName(sig), name)
+		return failf(exitSignalBase+signalNumber(sig), "interrupted by %s while waiting for lock %q; left the queue", sigName(sig), r.name)
 	case err == nil:
 		if shown {
-			fmt.Fprintf(stderr, "etcdlock: acquired lock %q after %s (token %d)\n", name, fmtDur(time.Since(start)), m.Token())
+			fmt.Fprintf(r.stderr, "etcdlock: acquired lock %q after %s (token %d)\n", r.name, fmtDur(time.Since(start)), m.Token())
 		}
 		return nil
 	case errors.Is(err, etcdlock.ErrLocked):
-		return failf(exitHeld, "lock %q is held%s", name, describeHolder(cli, name, cmdTimeout))
+		return failf(exitHeld, "lock %q is held%s", r.name, r.describeHolder())
 	case timeout > 0 && errors.Is(err, context.DeadlineExceeded):
-		return failf(exitTimeout, "timed out after %v waiting for lock %q, held%s", timeout, name, describeHolder(cli, name, cmdTimeout))
+		return failf(exitTimeout, "timed out after %v waiting for lock %q, held%s", timeout, r.name, r.describeHolder())
 	default:
-		return fmt.Errorf("lock %q: %w", name, err)
+		return r.conn.explain(fmt.Errorf("lock %q: %w", r.name, err), "write key", m.Key())
 	}
 }
 
-// describeHolder names the holder of lock name, and how many wait, for a
-// message; "" if that cannot be read within timeout.
-func describeHolder(cli *clientv3.Client, name string, timeout time.Duration) string {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+// describeHolder names the holder of the lock, and how many wait, for a
+// message; "" if that cannot be read within --command-timeout.
+func (r *lockRun) describeHolder() string {
+	ctx, cancel := context.WithTimeout(context.Background(), r.conn.commandTimeout)
 	defer cancel()
-	q, err := readQueue(ctx, cli, name, true, false)
+	q, err := readQueue(ctx, r.cli, r.name, true, false)
 	if err != nil || len(q.Entries) == 0 {
 		return ""
 	}
@@ -216,19 +266,24 @@ func describeHolder(cli *clientv3.Client, name string, timeout time.Duration) st
 	return s
 }
 
-// release unlocks m within timeout; if that fails, the session's Close
-// revokes the lease, and with it the lock.
-func release(m *etcdlock.Mutex, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+// release unlocks the Mutex within --command-timeout; if that fails,
+// endSession revokes the lease, and with it the lock.
+func (r *lockRun) release() error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.conn.commandTimeout)
 	defer cancel()
-	return m.Unlock(ctx)
+	err := r.m.Unlock(ctx)
+	if errors.Is(err, etcdlock.ErrLockLost) {
+		r.lost = true
+	}
+	return err
 }
 
-// runLocked runs cmd while m is held, passing signals from sigc on to it,
-// and stops it if the lock is lost. It releases m when cmd exits, and
+// runLocked runs cmd while the lock is held, passing signals on to it, and
+// stops it if the lock is lost. It releases the lock when cmd exits, and
 // returns cmd's exit code as an exitError, or exitLost.
-func runLocked(cli *clientv3.Client, s *etcdlock.Session, m *etcdlock.Mutex, cmd *exec.Cmd, name string, grace, cmdTimeout time.Duration, sigc <-chan os.Signal, stdout, stderr io.Writer) error {
+func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer) error {
 	acquired := time.Now()
+	m, name, stderr := r.m, r.name, r.stderr
 	lost := m.Done() // starts watching the hold now, before CMD runs
 	cmdName := filepath.Base(cmd.Args[0])
 	token := strconv.FormatInt(m.Token(), 10)
@@ -241,7 +296,7 @@ func runLocked(cli *clientv3.Client, s *etcdlock.Session, m *etcdlock.Mutex, cmd
 		"ETCDLOCK_NAME="+name,
 		"ETCDLOCK_KEY="+m.Key(),
 		"ETCDLOCK_TOKEN="+token,
-		"ETCDLOCK_LEASE="+fmt.Sprintf("%x", int64(s.Lease())),
+		"ETCDLOCK_LEASE="+fmt.Sprintf("%x", int64(r.s.Lease())),
 		"ETCD_LOCK_KEY="+m.Key(),
 		"ETCD_LOCK_REV="+grantRev,
 	)
@@ -250,14 +305,17 @@ func runLocked(cli *clientv3.Client, s *etcdlock.Session, m *etcdlock.Mutex, cmd
 		ownGroup(cmd)
 	}
 	if err := cmd.Start(); err != nil {
-		release(m, cmdTimeout)
+		r.release()
 		return cmdErr(cmd.Args[0], err)
 	}
 
+	// A loss cancels the record: nothing may delay the exit then.
+	rctx, stopRecord := context.WithTimeout(context.Background(), r.conn.commandTimeout)
+	defer stopRecord()
 	recorded := make(chan struct{})
 	go func() {
 		defer close(recorded)
-		recordHolder(cli, m, acquired, cmdName, cmdTimeout)
+		recordHolder(rctx, r.cli, m, acquired, cmdName)
 	}()
 	waitc := make(chan error, 1)
 	go func() { waitc <- cmd.Wait() }()
@@ -271,6 +329,8 @@ loop:
 			break loop
 		case <-lost:
 			lost = nil
+			r.lost = true
+			stopRecord()
 			if lostErr = m.Err(); lostErr == nil {
 				lostErr = etcdlock.ErrLockLost
 			}
@@ -283,7 +343,7 @@ loop:
 			killc = nil
 			fmt.Fprintf(stderr, "etcdlock: %s still runs %v after SIGTERM; sending it SIGKILL\n", cmdName, grace)
 			signalCmd(cmd, sigKILL, group)
-		case sig := <-sigc:
+		case sig := <-r.sigc:
 			if !group && sig == os.Interrupt {
 				continue // the terminal sent it to CMD as well
 			}
@@ -297,10 +357,13 @@ loop:
 	if waitErr == nil || errors.As(waitErr, &ee) {
 		code = exitStatus(cmd.ProcessState)
 	}
-	uerr := release(m, cmdTimeout)
-	switch {
-	case lostErr != nil:
+	if lostErr != nil {
+		// No Unlock: the key is gone, or goes with the lease, which
+		// endSession revokes if etcd answers within a second.
 		return failf(exitLost, "lock %q was lost while %s ran; %s exited with status %d", name, cmdName, cmdName, code)
+	}
+	uerr := r.release()
+	switch {
 	case errors.Is(uerr, etcdlock.ErrLockLost):
 		return failf(exitLost, "lock %q was found lost when %s exited (%s): it may have run without the lock", name, cmdName, oneLine(uerr.Error()))
 	case uerr != nil:
@@ -315,15 +378,13 @@ loop:
 // status. The write is guarded by IsOwner, so it never touches a key of a
 // later hold, and keeps the key's lease; the key's create revision, its
 // place and token, stays as it is. Waiters watch for deletes only. It is
-// best effort, given timeout: status says "unknown" without it.
-func recordHolder(cli *clientv3.Client, m *etcdlock.Mutex, since time.Time, cmdName string, timeout time.Duration) {
+// best effort, within ctx: status says "unknown" without it.
+func recordHolder(ctx context.Context, cli *clientv3.Client, m *etcdlock.Mutex, since time.Time, cmdName string) {
 	host, _ := os.Hostname()
 	rec, err := json.Marshal(holderRecord{Since: since.UTC(), Host: host, PID: os.Getpid(), Command: cmdName})
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
 	_, _ = cli.Txn(ctx).
 		If(m.IsOwner()).
 		Then(clientv3.OpPut(m.Key(), string(rec), clientv3.WithIgnoreLease())).

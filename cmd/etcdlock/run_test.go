@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -371,6 +372,46 @@ wait
 	require.Contains(t, stderr, "sending it SIGTERM")
 	require.Contains(t, stderr, "still runs 1s after SIGTERM; sending it SIGKILL")
 	require.Contains(t, stderr, "exited with status 137")
+}
+
+// With etcd out of reach, the lock is lost when the lease can no longer
+// be renewed in time: CMD is stopped, and etcdlock exits soon after, not
+// after an Unlock and a revoke that cannot succeed (it took 13s more with
+// --ttl 3s). The lease expires on its own; etcd then deletes the key.
+func TestLostLockExitsPromptly(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	const ttl = 3 * time.Second
+	px := etcdtest.NewProxy(t, endpoint)
+	script := writeScript(t, t.TempDir(), "cmd.sh", `trap 'echo "got TERM"; exit 0' TERM
+sh -c 'echo "child ready"; exec sleep 30' &
+echo "started $ETCDLOCK_KEY"
+wait
+`)
+	p := startProc(t, nil, "run", "--ttl", "3", "--endpoints="+px.URL(), name, "--", script)
+	key := strings.Fields(p.stdout.waitFor(t, "started"))[1]
+	p.stdout.waitFor(t, "child ready")
+	kv := waitRecorded(t, cli, key) // nothing of the run is in flight
+	deleted := cli.Watch(t.Context(), key, clientv3.WithRev(kv.ModRevision+1), clientv3.WithFilterPut())
+
+	px.Cut()
+	cut := time.Now()
+	require.Equal(t, exitLost, p.wait(t), p.stderr.String())
+	took := time.Since(cut)
+	t.Logf("etcdlock exited %v after the cut", took)
+	require.Less(t, took, ttl+3*time.Second, "etcdlock lingered after the loss")
+	require.Contains(t, p.stdout.String(), "got TERM")
+	stderr := p.stderr.String()
+	require.Contains(t, stderr, "etcdlock: lost lock")
+	require.Contains(t, stderr, "not renewed within its TTL")
+
+	select {
+	case wr := <-deleted:
+		require.NoError(t, wr.Err())
+	case <-time.After(procTimeout):
+		t.Fatal("the lost holder's key was not deleted when its lease expired")
+	}
 }
 
 // A holder paused longer than its TTL (here by SIGSTOP) finds, when it
