@@ -21,7 +21,9 @@
 // the lock is lost while CMD runs (its key was deleted, or the lease could
 // not be renewed within its TTL), CMD gets SIGTERM, then SIGKILL after
 // --grace. SIGINT, SIGTERM and SIGHUP to etcdlock are passed on to CMD; while
-// etcdlock still waits, they make it leave the queue and exit.
+// etcdlock still waits, they make it leave the queue and exit. A waiter
+// whose session ends, or whose key is deleted, joins the queue again at
+// the back.
 //
 // Unless its standard input is the terminal etcdlock runs in the foreground
 // of, CMD runs in a process group of its own: forwarded signals and the

@@ -55,6 +55,14 @@ its own, and signals reach its children too. With the terminal as standard
 input, CMD shares etcdlock's process group: Ctrl-C reaches it from the
 terminal (etcdlock sends no second SIGINT), and a lost lock signals CMD only.
 
+A waiter that loses its place in the queue does not give up: if its
+session ends (its lease was revoked or expired, or could not be renewed in
+time, as happens in a leader election while etcd keeps the lease), it
+revokes that lease, says so on standard error, and joins again at the back
+with a new session; if its key was deleted, it joins again with the same
+session. --timeout counts from the first join. Only waiting works this way:
+a holder whose session ends has lost the lock.
+
 While it waits, etcdlock shows its place in the queue on standard error (one
 line updated in place on a terminal; a line per change otherwise). Once it
 holds the lock it records the time (by its own clock), host, pid and CMD's
@@ -67,7 +75,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	conn.register(fset)
 	var ttl, timeout, grace time.Duration
 	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`: if etcdlock dies, the lock passes on at most this long after")
-	durationVar(fset, &timeout, "timeout", 0, "give up waiting after this `duration` and exit 5 (0: wait for ever)")
+	durationVar(fset, &timeout, "timeout", 0, "give up waiting after this `duration`, counted from the first join, and exit 5 (0: wait for ever)")
 	try := fset.Bool("try", false, "do not wait: exit 4 if the lock is held or has waiters")
 	durationVar(fset, &grace, "grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
@@ -121,11 +129,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	defer cli.Close()
 	r := &lockRun{cli: cli, conn: &conn, name: name, ttl: ttl, sigc: sigc, stderr: stderr}
-	if err := r.startSession(); err != nil {
+	if err := r.startSession(context.Background()); err != nil {
 		return err
 	}
 	// Revokes the lease: whatever is left of this run in etcd goes now.
-	defer r.endSession()
+	defer r.endSession(context.Background())
 	if err := r.acquire(*try, timeout, *quiet); err != nil {
 		return err
 	}
@@ -161,18 +169,40 @@ type lockRun struct {
 	sigc   <-chan os.Signal // SIGINT, SIGTERM, SIGHUP to etcdlock
 	stderr io.Writer
 
-	s    *etcdlock.Session
-	m    *etcdlock.Mutex
-	lost bool // the lock is known lost: cleanup is best effort, and short
+	s      *etcdlock.Session  // nil between two sessions
+	stopS  context.CancelFunc // ends s's context, after s ended
+	m      *etcdlock.Mutex    // of s
+	lost   bool               // the lock is known lost: cleanup is best effort, and short
+	shown  bool               // progress was shown while waiting
+	joined time.Time          // when the run first joined the queue
 }
 
 // startSession starts the session whose lease the lock's key is bound to.
-func (r *lockRun) startSession() error {
-	s, err := etcdlock.NewSession(r.cli, etcdlock.WithTTL(r.ttl))
-	if err != nil {
-		return err
+// Granting the lease may take until ctx ends or --command-timeout passes.
+func (r *lockRun) startSession(ctx context.Context) error {
+	gctx, cancel := context.WithTimeout(ctx, r.conn.commandTimeout)
+	defer cancel()
+	// The session's context bounds NewSession's RPCs and the session's
+	// life. It must end with gctx while NewSession runs, and not after.
+	sctx, stopS := context.WithCancel(context.Background())
+	stopGrant := context.AfterFunc(gctx, stopS)
+	s, err := etcdlock.NewSession(r.cli, etcdlock.WithTTL(r.ttl), etcdlock.WithContext(sctx))
+	if !stopGrant() {
+		// gctx ended, and with it the session if the grant succeeded.
+		if err == nil {
+			revoke(ctx, s, r.cli, r.conn.commandTimeout)
+		}
+		stopS()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("start a session: no answer from etcd within %v (--command-timeout)", r.conn.commandTimeout)
 	}
-	r.s, r.m = s, etcdlock.NewMutex(s, r.name)
+	if err != nil {
+		stopS()
+		return fmt.Errorf("start a session: %w", err)
+	}
+	r.s, r.stopS, r.m = s, stopS, etcdlock.NewMutex(s, r.name)
 	return nil
 }
 
@@ -180,72 +210,148 @@ func (r *lockRun) startSession() error {
 // deletes whatever key of this run is left. The revoke waits at most
 // --command-timeout, and after a loss at most lostCleanupTimeout; if it
 // fails, the lease expires within its TTL. (Session.Close would wait up
-// to the TTL.)
-func (r *lockRun) endSession() {
+// to the TTL.) The revoke also ends with ctx.
+func (r *lockRun) endSession(ctx context.Context) {
+	if r.s == nil {
+		return
+	}
 	timeout := r.conn.commandTimeout
 	if r.lost {
 		timeout = min(timeout, lostCleanupTimeout)
 	}
-	r.s.Orphan()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	revoke(ctx, r.s, r.cli, timeout)
+	r.stopS()
+	r.s, r.stopS, r.m = nil, nil, nil
+}
+
+// revoke ends s without Close, and revokes its lease within timeout, or
+// until ctx ends.
+func revoke(ctx context.Context, s *etcdlock.Session, cli *clientv3.Client, timeout time.Duration) {
+	s.Orphan()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	_, _ = r.cli.Revoke(ctx, r.s.Lease())
+	_, _ = cli.Revoke(ctx, s.Lease())
 }
 
 // acquire takes the lock (or tries to, with try), showing progress on
-// stderr. A signal abandons the wait: Lock removes the key.
+// stderr. A signal abandons the wait: Lock removes the key. A waiter that
+// loses its place in the queue (its session ended, or its key was deleted)
+// joins it again at the back; --timeout counts from the first join.
 func (r *lockRun) acquire(try bool, timeout time.Duration, quiet bool) error {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
 	if timeout > 0 {
 		var cancelT context.CancelFunc
 		ctx, cancelT = context.WithTimeout(ctx, timeout)
 		defer cancelT()
 	}
-	m := r.m
-	start := time.Now()
-	res := make(chan error, 1)
+	// A signal ends the wait, in Lock or between sessions.
+	stopSignals, signalsDone := make(chan struct{}), make(chan struct{})
 	go func() {
-		if try {
-			res <- m.TryLock(ctx)
-			return
+		defer close(signalsDone)
+		select {
+		case sig := <-r.sigc:
+			cancel(&signalError{sig})
+		case <-stopSignals:
 		}
-		res <- m.Lock(ctx)
 	}()
-	var prog *progress
-	if !try && !quiet {
-		f, ok := r.stderr.(*os.File)
-		prog = startProgress(r.cli, r.name, m.Key(), r.stderr, ok && isTerminal(f), start)
-	}
+	r.joined = time.Now()
+	err := r.wait(ctx, try, quiet)
+	close(stopSignals)
+	<-signalsDone
 
-	var sig os.Signal
-	var err error
-	select {
-	case err = <-res:
-	case sig = <-r.sigc:
-		cancel()
-		err = <-res // Lock removes the key before it returns
-	}
-	shown := prog != nil && prog.stop()
-
+	var se *signalError
 	switch {
-	case sig != nil:
+	case errors.As(context.Cause(ctx), &se):
 		if err == nil {
 			// The lock was granted before Lock saw the cancel.
 			r.release()
 		}
-		return failf(exitSignalBase+signalNumber(sig), "interrupted by %s while waiting for lock %q; left the queue", sigName(sig), r.name)
+		return failf(exitSignalBase+signalNumber(se.sig), "interrupted by %s while waiting for lock %q; left the queue", sigName(se.sig), r.name)
 	case err == nil:
-		if shown {
-			fmt.Fprintf(r.stderr, "etcdlock: acquired lock %q after %s (token %d)\n", r.name, fmtDur(time.Since(start)), m.Token())
+		if r.shown {
+			fmt.Fprintf(r.stderr, "etcdlock: acquired lock %q after %s (token %d)\n", r.name, fmtDur(time.Since(r.joined)), r.m.Token())
 		}
 		return nil
 	case errors.Is(err, etcdlock.ErrLocked):
 		return failf(exitHeld, "lock %q is held%s", r.name, r.describeHolder())
-	case timeout > 0 && errors.Is(err, context.DeadlineExceeded):
+	case timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return failf(exitTimeout, "timed out after %v waiting for lock %q, held%s", timeout, r.name, r.describeHolder())
+	case r.m == nil:
+		return err // no session: startSession said why
 	default:
-		return r.conn.explain(fmt.Errorf("lock %q: %w", r.name, err), "write key", m.Key())
+		return r.conn.explain(fmt.Errorf("lock %q: %w", r.name, err), "write key", r.m.Key())
+	}
+}
+
+// wait locks (or with try, try-locks) the Mutex until it holds the lock or
+// ctx ends, rejoining the queue when the waiter's place in it is gone.
+func (r *lockRun) wait(ctx context.Context, try bool, quiet bool) error {
+	for {
+		err := r.lockOnce(ctx, try, quiet)
+		if err == nil || try || ctx.Err() != nil {
+			return err
+		}
+		switch {
+		case errors.Is(err, etcdlock.ErrSessionExpired) && r.s.Err() != nil:
+			// A false alarm as often as not: in a leader election or a
+			// pause of etcd, renewals fail while etcd keeps the lease.
+			// The lease is revoked, with the key it holds in the queue,
+			// and a new session joins at the back.
+			fmt.Fprintf(r.stderr, "etcdlock: left the queue of lock %q: %s; rejoining at the back with a new session\n", r.name, oneLine(err.Error()))
+			r.endSession(ctx)
+			if err := r.restartSession(ctx); err != nil {
+				return err
+			}
+		case errors.Is(err, etcdlock.ErrLockLost):
+			// Someone deleted the waiter's key; the session lives on.
+			fmt.Fprintf(r.stderr, "etcdlock: left the queue of lock %q: %s; rejoining at the back\n", r.name, oneLine(err.Error()))
+		default:
+			return err
+		}
+	}
+}
+
+// lockOnce locks (or try-locks) the Mutex once, showing progress.
+func (r *lockRun) lockOnce(ctx context.Context, try, quiet bool) error {
+	if try {
+		return r.m.TryLock(ctx)
+	}
+	var prog *progress
+	if !quiet {
+		f, ok := r.stderr.(*os.File)
+		prog = startProgress(r.cli, r.name, r.m.Key(), r.stderr, ok && isTerminal(f), r.joined)
+	}
+	err := r.m.Lock(ctx)
+	if prog != nil && prog.stop() {
+		r.shown = true
+	}
+	return err
+}
+
+// restartSession starts a new session for a waiter whose session ended,
+// trying again until ctx ends: etcd may be out of reach for a while.
+func (r *lockRun) restartSession(ctx context.Context) error {
+	const maxBackoff = 5 * time.Second
+	backoff := 100 * time.Millisecond
+	said := ""
+	for {
+		err := r.startSession(ctx)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if msg := oneLine(err.Error()); msg != said {
+			fmt.Fprintf(r.stderr, "etcdlock: %s; trying again\n", msg)
+			said = msg
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, maxBackoff)
 	}
 }
 

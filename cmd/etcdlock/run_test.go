@@ -507,6 +507,125 @@ wait
 	}
 }
 
+// leaseOf returns the lease ID of a lock key NAME/<lease ID in hex>.
+func leaseOf(t *testing.T, key string) clientv3.LeaseID {
+	t.Helper()
+	id, err := strconv.ParseInt(key[strings.LastIndex(key, "/")+1:], 16, 64)
+	require.NoError(t, err)
+	return clientv3.LeaseID(id)
+}
+
+// A waiter whose session ends (here its lease is revoked; in a leader
+// election renewals fail while etcd keeps the lease) does not give up: it
+// rejoins the queue with a new session, at the back, says so, and runs CMD
+// in its new turn. Its old key is gone.
+func TestWaiterRejoins(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holder, _ := holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	p := startProc(t, nil, "run", ep(), name, "--", "sh", "-c", `echo "ran $ETCDLOCK_KEY"`)
+	first := w.next(t) // the holder's key was put before the watch
+	other := startWaiter(t, cli, name)
+	require.Equal(t, other.m.Key(), w.next(t))
+
+	_, err := cli.Revoke(t.Context(), leaseOf(t, first))
+	require.NoError(t, err)
+	second := w.next(t)
+	require.NotEqual(t, first, second)
+	p.stderr.waitFor(t, `etcdlock: left the queue of lock "`+name+`": etcdlock: session expired: lease `)
+	p.stderr.waitFor(t, "; rejoining at the back with a new session")
+	// At the back, behind the waiter that was behind it; the old key is
+	// gone with its lease.
+	require.Equal(t, []string{holder.Key(), other.m.Key(), second}, queueKeys(t, cli, name))
+
+	require.NoError(t, holder.Unlock(t.Context()))
+	other.unlock(t)
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	t.Logf("stderr:\n%s", p.stderr)
+	require.Equal(t, "ran "+second+"\n", p.stdout.String())
+	require.Empty(t, queueKeys(t, cli, name))
+}
+
+// The case of the issue: etcd answers late (a leader election, a frozen
+// leader), so the waiter cannot confirm its renewals and its session ends,
+// while etcd, which got the renewals in time, keeps the lease. The waiter
+// rejoins, and runs CMD once answers come in time again.
+func TestWaiterRejoinsAfterFalseAlarm(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holder, _ := holdLock(t, cli, name)
+	px := etcdtest.NewProxy(t, endpoint)
+	w := watchQueue(t, cli, name)
+	p := startProc(t, nil, "run", "--quiet", "--ttl", "2", "--endpoints="+px.URL(), name, "--", "sh", "-c", `echo "ran $ETCDLOCK_KEY"`)
+	first := w.next(t)
+
+	px.DelayAnswers(3 * time.Second) // longer than the TTL
+	p.stderr.waitFor(t, "rejoining at the back with a new session")
+	px.DelayAnswers(0)
+	second := w.next(t)
+	require.NotEqual(t, first, second)
+
+	require.NoError(t, holder.Unlock(t.Context()))
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	t.Logf("stderr:\n%s", p.stderr)
+	require.Contains(t, p.stdout.String(), "ran "+name+"/")
+	require.Empty(t, queueKeys(t, cli, name))
+}
+
+// A waiter whose key is deleted while its session lives rejoins at the
+// back with the same session.
+func TestWaiterRejoinsAfterKeyDeleted(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holder, _ := holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	p := startProc(t, nil, "run", "--quiet", ep(), name, "--", "sh", "-c", `echo "ran $ETCDLOCK_KEY"`)
+	key := w.next(t)
+	other := startWaiter(t, cli, name)
+	require.Equal(t, other.m.Key(), w.next(t))
+
+	_, err := cli.Delete(t.Context(), key)
+	require.NoError(t, err)
+	require.Equal(t, key, w.next(t), "not put again")
+	p.stderr.waitFor(t, `etcdlock: left the queue of lock "`+name+`": `)
+	p.stderr.waitFor(t, "deleted while waiting; rejoining at the back")
+	require.Equal(t, []string{holder.Key(), other.m.Key(), key}, queueKeys(t, cli, name))
+
+	require.NoError(t, holder.Unlock(t.Context()))
+	other.unlock(t)
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	require.Equal(t, "ran "+key+"\n", p.stdout.String())
+}
+
+// --timeout counts from the first join: a rejoin does not restart it.
+func TestRejoinKeepsTimeout(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	const timeout = 6 * time.Second
+	holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	p := startProc(t, nil, "run", "--timeout", "6", ep(), name, "--", "echo", "ran")
+	key := w.next(t)
+	// Let half of the timeout pass before the waiter loses its place.
+	<-time.After(timeout / 2)
+	_, err := cli.Revoke(t.Context(), leaseOf(t, key))
+	require.NoError(t, err)
+	revoked := time.Now()
+	p.stderr.waitFor(t, "rejoining at the back with a new session")
+	w.next(t)
+
+	require.Equal(t, exitTimeout, p.wait(t), p.stderr.String())
+	require.Less(t, time.Since(revoked), timeout-time.Second, "the rejoin restarted --timeout")
+	require.Contains(t, p.stderr.String(), "etcdlock: timed out after 6s waiting for lock")
+	require.Empty(t, p.stdout.String())
+	require.Len(t, queueKeys(t, cli, name), 1, "a waiter's key is left")
+}
+
 // Runs on one lock never overlap and get the lock in the order they
 // queued.
 func TestRunsInOrderWithoutOverlap(t *testing.T) {
