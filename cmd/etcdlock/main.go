@@ -4,6 +4,7 @@
 //
 //	etcdlock demo                              three clients take turns on one lock, on an embedded etcd
 //	etcdlock run [flags] NAME -- CMD [ARGS...] hold the lock NAME while CMD runs
+//	etcdlock run [flags] NAME                  hold the lock NAME until a signal, printing its key
 //	etcdlock status [flags] NAME               show the holder and the waiters of NAME
 //	etcdlock version                           show the versions of etcdlock, Go and the etcd client
 //
@@ -17,13 +18,14 @@
 // run acquires NAME, runs CMD with ETCDLOCK_NAME, ETCDLOCK_KEY,
 // ETCDLOCK_TOKEN and ETCDLOCK_LEASE (and etcdctl's ETCD_LOCK_KEY and
 // ETCD_LOCK_REV, the revision of the response that granted the lock) in
-// its environment, and releases NAME when CMD exits. If
-// the lock is lost while CMD runs (its key was deleted, or the lease could
-// not be renewed within its TTL), CMD gets SIGTERM, then SIGKILL after
-// --grace. SIGINT, SIGTERM and SIGHUP to etcdlock are passed on to CMD; while
-// etcdlock still waits, they make it leave the queue and exit. A waiter
-// whose session ends, or whose key is deleted, joins the queue again at
-// the back.
+// its environment, and releases NAME when CMD exits. If the lock is lost
+// while CMD runs (its key was deleted, or the lease could not be renewed
+// within its TTL), CMD gets SIGTERM, then SIGKILL after --grace, and
+// etcdlock exits as soon as CMD has. SIGINT, SIGTERM and SIGHUP to etcdlock
+// are passed on to CMD; while etcdlock still waits, they make it leave the
+// queue and exit. A waiter whose session ends, or whose key is deleted,
+// joins the queue again at the back. Without CMD, run prints the key and
+// holds the lock until one of those signals, as 'etcdctl lock NAME' does.
 //
 // Unless its standard input is the terminal etcdlock runs in the foreground
 // of, CMD runs in a process group of its own: forwarded signals and the
@@ -32,19 +34,23 @@
 // the terminal; Ctrl-C then reaches CMD from the terminal itself and etcdlock
 // does not send it a second SIGINT, and a lost lock signals CMD alone.
 //
-// Connection flags are etcdctl's: --endpoints, --user, --password,
-// --cacert, --cert, --key and --dial-timeout, each also read from the
-// matching ETCDCTL_* environment variable when the flag is not given.
+// Connection flags are etcdctl's, with its defaults: --endpoints, --user,
+// --password, --cacert, --cert, --key, --insecure-skip-tls-verify,
+// --dial-timeout and --command-timeout, each also read from the matching
+// ETCDCTL_* environment variable when the flag is not given. A --user
+// without a password is asked for it when standard input is a terminal.
+// Durations may be whole seconds, as etcdctl's --ttl: --ttl 10.
 //
 // Exit codes:
 //
 //	0        success; for run: CMD's own exit code
 //	1        an error from etcd or the system not covered below
-//	2        usage: unknown flag, missing NAME or CMD, bad value
+//	2        usage: unknown flag, missing NAME, bad value
 //	3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
 //	4        run --try: the lock is held or has waiters
 //	5        run --timeout: gave up waiting
-//	6        run: the lock was lost while CMD ran (CMD was stopped)
+//	6        run: the lock was lost while CMD ran (CMD was stopped), or while
+//	         held without CMD
 //	126      run: CMD cannot be executed
 //	127      run: CMD not found
 //	128+N    run: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),
@@ -84,11 +90,12 @@ const (
 const exitCodesHelp = `Exit codes:
   0        success; for run: CMD's own exit code
   1        an error from etcd or the system not covered below
-  2        usage: unknown flag, missing NAME or CMD, bad value
+  2        usage: unknown flag, missing NAME, bad value
   3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
   4        run --try: the lock is held or has waiters
   5        run --timeout: gave up waiting
-  6        run: the lock was lost while CMD ran (CMD was stopped)
+  6        run: the lock was lost while CMD ran (CMD was stopped), or while
+           held without CMD
   126      run: CMD cannot be executed
   127      run: CMD not found
   128+N    run: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),
@@ -101,6 +108,8 @@ Usage:
   etcdlock demo                               three clients take turns on one lock,
                                               on an embedded etcd: no setup needed
   etcdlock run [flags] NAME -- CMD [ARGS...]  hold the lock NAME while CMD runs
+  etcdlock run [flags] NAME                   hold it until SIGINT or SIGTERM,
+                                              printing its key ('etcdctl lock')
   etcdlock status [flags] NAME                show the holder and waiters of NAME
   etcdlock version                            show the versions of etcdlock, Go
                                               and the etcd client

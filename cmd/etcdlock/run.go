@@ -19,9 +19,15 @@ import (
 )
 
 const runHelp = `Usage: etcdlock run [flags] NAME -- CMD [ARGS...]
+       etcdlock run [flags] NAME
 
 Waits for the lock NAME (first come, first served), runs CMD while holding
 it, releases it when CMD exits, and exits with CMD's exit code.
+
+Without CMD, as 'etcdctl lock NAME', it prints the lock's key on standard
+output once it holds the lock, and holds it until SIGINT, SIGTERM or SIGHUP;
+then it releases the lock and exits 0, or exits 6 as soon as the lock is
+lost.
 
 CMD finds in its environment:
   ETCDLOCK_NAME    the lock name
@@ -91,8 +97,6 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("run", "missing lock NAME before \"--\"")
 	case pos[0] == "":
 		return usageErr("run", "empty lock NAME")
-	case len(cmdArgs) == 0:
-		return usageErr("run", "missing CMD to run under lock %q", pos[0])
 	case ttl < etcdlock.MinTTL:
 		return usageErr("run", "--ttl must be at least %v, not %v", etcdlock.MinTTL, ttl)
 	case timeout < 0:
@@ -108,10 +112,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	name := pos[0]
 
 	// Look CMD up before queueing: a typo must not wait its turn.
-	if _, err := exec.LookPath(cmdArgs[0]); err != nil {
-		return cmdErr(cmdArgs[0], err)
+	var cmd *exec.Cmd // nil: hold the lock until a signal
+	if len(cmdArgs) > 0 {
+		if _, err := exec.LookPath(cmdArgs[0]); err != nil {
+			return cmdErr(cmdArgs[0], err)
+		}
+		cmd = exec.Command(cmdArgs[0], cmdArgs[1:]...)
 	}
-	cmd := exec.Command(cmdArgs[0], cmdArgs[1:]...)
 	// Before signals are caught: Ctrl-C at the prompt must end etcdlock.
 	if err := conn.askPassword("run", os.Stdin, stderr); err != nil {
 		return err
@@ -136,6 +143,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	defer r.endSession(context.Background())
 	if err := r.acquire(*try, timeout, *quiet); err != nil {
 		return err
+	}
+	if cmd == nil {
+		return r.hold(stdout)
 	}
 	return r.runLocked(cmd, grace, stdout)
 }
@@ -478,6 +488,44 @@ loop:
 		return fmt.Errorf("wait for %s: %w", cmdName, waitErr)
 	}
 	return exitWith(code)
+}
+
+// hold keeps the lock until a signal, as 'etcdctl lock NAME' does, after
+// printing its key on stdout. It returns nil once the lock is released, or
+// exitLost as soon as it is lost.
+func (r *lockRun) hold(stdout io.Writer) error {
+	acquired := time.Now()
+	lost := r.m.Done()
+	fmt.Fprintln(stdout, r.m.Key())
+	rctx, stopRecord := context.WithTimeout(context.Background(), r.conn.commandTimeout)
+	defer stopRecord()
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		recordHolder(rctx, r.cli, r.m, acquired, "")
+	}()
+
+	select {
+	case <-lost:
+		r.lost = true
+		stopRecord()
+		<-recorded
+		err := r.m.Err()
+		if err == nil {
+			err = etcdlock.ErrLockLost
+		}
+		return failf(exitLost, "lost lock %q while holding it (%s)", r.name, oneLine(err.Error()))
+	case <-r.sigc:
+		stopRecord()
+		<-recorded
+	}
+	switch err := r.release(); {
+	case errors.Is(err, etcdlock.ErrLockLost):
+		return failf(exitLost, "lock %q was found lost when released (%s)", r.name, oneLine(err.Error()))
+	case err != nil:
+		fmt.Fprintf(r.stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", r.name, oneLine(err.Error()))
+	}
+	return nil
 }
 
 // recordHolder writes who holds m, and since when, into its key for

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -81,8 +82,6 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"run", "--", "true"}, `missing lock NAME before "--"`},
 		{nil, []string{"run", "--ttl", "5s", "--", "sleep", "10"}, `missing lock NAME before "--"`},
 		{nil, []string{"run", "", "--", "true"}, "empty lock NAME"},
-		{nil, []string{"run", "n"}, "missing CMD"},
-		{nil, []string{"run", "n", "--"}, "missing CMD"},
 		{nil, []string{"run", "--ttl", "500ms", "n", "--", "true"}, "--ttl must be at least 1s"},
 		{nil, []string{"run", "--ttl", "soon", "n", "--", "true"}, `invalid value "soon" for flag -ttl`},
 		{nil, []string{"run", "--try", "--timeout", "1s", "n", "--", "true"}, "--try and --timeout exclude each other"},
@@ -505,6 +504,61 @@ wait
 		require.Empty(t, p.stderr.String())
 		require.Empty(t, queueKeys(t, cli, name))
 	}
+}
+
+// Without CMD, run prints the key once it holds the lock, and holds it
+// until SIGINT or SIGTERM, as 'etcdctl lock NAME' does; then it releases
+// the lock and exits 0.
+func TestHoldWithoutCmd(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		args []string
+	}{
+		{syscall.SIGINT, nil},
+		{syscall.SIGTERM, []string{"--"}},
+	} {
+		name := lockName(t) + "/" + tc.sig.String()
+		p := startProc(t, nil, append([]string{"run", ep(), name}, tc.args...)...)
+		key := p.stdout.waitFor(t, name+"/")
+		require.Equal(t, []string{key}, queueKeys(t, cli, name))
+		kv := waitRecorded(t, cli, key)
+		var rec holderRecord
+		require.NoError(t, json.Unmarshal(kv.Value, &rec))
+		require.Equal(t, p.cmd.Process.Pid, rec.PID)
+		require.Empty(t, rec.Command)
+
+		// Held: a waiter queues behind it and does not get the lock.
+		w := watchQueue(t, cli, name)
+		next := startWaiter(t, cli, name)
+		require.Equal(t, next.m.Key(), w.next(t))
+		select {
+		case <-next.finished:
+			t.Fatalf("the waiter got the lock while run held it: %v", next.err)
+		default:
+		}
+
+		require.NoError(t, p.cmd.Process.Signal(tc.sig))
+		require.Equal(t, 0, p.wait(t), p.stderr.String())
+		require.Equal(t, key+"\n", p.stdout.String())
+		require.Empty(t, p.stderr.String())
+		next.unlock(t)
+		require.Empty(t, queueKeys(t, cli, name))
+	}
+}
+
+// Holding without CMD, a lost lock ends run at once with the lost code.
+func TestHoldWithoutCmdLost(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	p := startProc(t, nil, "run", ep(), name)
+	key := p.stdout.waitFor(t, name+"/")
+	_, err := cli.Delete(t.Context(), key)
+	require.NoError(t, err)
+	require.Equal(t, exitLost, p.wait(t), p.stderr.String())
+	requireOneLineError(t, result{stderr: p.stderr.String()}, `etcdlock: lost lock "`+name+`" while holding it (etcdlock: lock was lost: key `+key+` was deleted)`)
 }
 
 // leaseOf returns the lease ID of a lock key NAME/<lease ID in hex>.
