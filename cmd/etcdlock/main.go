@@ -182,6 +182,12 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
+// detail is err's message for the middle of a line of etcdlock's, which
+// says "etcdlock:" at its start: one line, without the library's prefix.
+func detail(err error) string {
+	return strings.TrimPrefix(oneLine(err.Error()), "etcdlock: ")
+}
+
 func dispatch(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, mainUsage)

@@ -308,14 +308,14 @@ func (r *lockRun) wait(ctx context.Context, try bool, quiet bool) error {
 			// pause of etcd, renewals fail while etcd keeps the lease.
 			// The lease is revoked, with the key it holds in the queue,
 			// and a new session joins at the back.
-			fmt.Fprintf(r.stderr, "etcdlock: left the queue of lock %q: %s; rejoining at the back with a new session\n", r.name, oneLine(err.Error()))
+			fmt.Fprintf(r.stderr, "etcdlock: left the queue of lock %q: %s; rejoining at the back with a new session\n", r.name, detail(err))
 			r.endSession(ctx)
 			if err := r.restartSession(ctx); err != nil {
 				return err
 			}
 		case errors.Is(err, etcdlock.ErrLockLost):
 			// Someone deleted the waiter's key; the session lives on.
-			fmt.Fprintf(r.stderr, "etcdlock: left the queue of lock %q: %s; rejoining at the back\n", r.name, oneLine(err.Error()))
+			fmt.Fprintf(r.stderr, "etcdlock: left the queue of lock %q: %s; rejoining at the back\n", r.name, detail(err))
 		default:
 			return err
 		}
@@ -350,7 +350,7 @@ func (r *lockRun) restartSession(ctx context.Context) error {
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		if msg := oneLine(err.Error()); msg != said {
+		if msg := detail(err); msg != said {
 			fmt.Fprintf(r.stderr, "etcdlock: %s; trying again\n", msg)
 			said = msg
 		}
@@ -450,7 +450,7 @@ loop:
 			if lostErr = m.Err(); lostErr == nil {
 				lostErr = etcdlock.ErrLockLost
 			}
-			fmt.Fprintf(stderr, "etcdlock: lost lock %q while %s ran (%s); sending it SIGTERM\n", name, cmdName, oneLine(lostErr.Error()))
+			fmt.Fprintf(stderr, "etcdlock: lost lock %q while %s ran (%s); sending it SIGTERM\n", name, cmdName, detail(lostErr))
 			signalCmd(cmd, sigTERM, group)
 			t := time.NewTimer(grace)
 			defer t.Stop()
@@ -481,9 +481,9 @@ loop:
 	uerr := r.release()
 	switch {
 	case errors.Is(uerr, etcdlock.ErrLockLost):
-		return failf(exitLost, "lock %q was found lost when %s exited (%s): it may have run without the lock", name, cmdName, oneLine(uerr.Error()))
+		return failf(exitLost, "lock %q was found lost when %s exited (%s): it may have run without the lock", name, cmdName, detail(uerr))
 	case uerr != nil:
-		fmt.Fprintf(stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", name, oneLine(uerr.Error()))
+		fmt.Fprintf(stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", name, detail(uerr))
 	case waitErr != nil && ee == nil:
 		return fmt.Errorf("wait for %s: %w", cmdName, waitErr)
 	}
@@ -514,16 +514,16 @@ func (r *lockRun) hold(stdout io.Writer) error {
 		if err == nil {
 			err = etcdlock.ErrLockLost
 		}
-		return failf(exitLost, "lost lock %q while holding it (%s)", r.name, oneLine(err.Error()))
+		return failf(exitLost, "lost lock %q while holding it (%s)", r.name, detail(err))
 	case <-r.sigc:
 		stopRecord()
 		<-recorded
 	}
 	switch err := r.release(); {
 	case errors.Is(err, etcdlock.ErrLockLost):
-		return failf(exitLost, "lock %q was found lost when released (%s)", r.name, oneLine(err.Error()))
+		return failf(exitLost, "lock %q was found lost when released (%s)", r.name, detail(err))
 	case err != nil:
-		fmt.Fprintf(r.stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", r.name, oneLine(err.Error()))
+		fmt.Fprintf(r.stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", r.name, detail(err))
 	}
 	return nil
 }

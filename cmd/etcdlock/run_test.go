@@ -558,7 +558,7 @@ func TestHoldWithoutCmdLost(t *testing.T) {
 	_, err := cli.Delete(t.Context(), key)
 	require.NoError(t, err)
 	require.Equal(t, exitLost, p.wait(t), p.stderr.String())
-	requireOneLineError(t, result{stderr: p.stderr.String()}, `etcdlock: lost lock "`+name+`" while holding it (etcdlock: lock was lost: key `+key+` was deleted)`)
+	requireOneLineError(t, result{stderr: p.stderr.String()}, `etcdlock: lost lock "`+name+`" while holding it (lock was lost: key `+key+` was deleted)`)
 }
 
 // leaseOf returns the lease ID of a lock key NAME/<lease ID in hex>.
@@ -588,8 +588,9 @@ func TestWaiterRejoins(t *testing.T) {
 	require.NoError(t, err)
 	second := w.next(t)
 	require.NotEqual(t, first, second)
-	p.stderr.waitFor(t, `etcdlock: left the queue of lock "`+name+`": etcdlock: session expired: lease `)
-	p.stderr.waitFor(t, "; rejoining at the back with a new session")
+	line := p.stderr.waitFor(t, `etcdlock: left the queue of lock "`+name+`": `)
+	require.Contains(t, line, "session expired")
+	require.True(t, strings.HasSuffix(line, "; rejoining at the back with a new session"), line)
 	// At the back, behind the waiter that was behind it; the old key is
 	// gone with its lease.
 	require.Equal(t, []string{holder.Key(), other.m.Key(), second}, queueKeys(t, cli, name))
@@ -645,8 +646,9 @@ func TestWaiterRejoinsAfterKeyDeleted(t *testing.T) {
 	_, err := cli.Delete(t.Context(), key)
 	require.NoError(t, err)
 	require.Equal(t, key, w.next(t), "not put again")
-	p.stderr.waitFor(t, `etcdlock: left the queue of lock "`+name+`": `)
-	p.stderr.waitFor(t, "deleted while waiting; rejoining at the back")
+	line := p.stderr.waitFor(t, `etcdlock: left the queue of lock "`+name+`": `)
+	require.Contains(t, line, "deleted")
+	require.True(t, strings.HasSuffix(line, "; rejoining at the back"), line)
 	require.Equal(t, []string{holder.Key(), other.m.Key(), key}, queueKeys(t, cli, name))
 
 	require.NoError(t, holder.Unlock(t.Context()))
