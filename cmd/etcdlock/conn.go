@@ -134,6 +134,11 @@ func (c *connFlags) askPassword(command string, stdin *os.File, stderr io.Writer
 	if !ok {
 		return usageErr(command, "--user %q has no password, and standard input is not a terminal to ask for it: give user:password, --password, or ETCDCTL_PASSWORD", c.user)
 	}
+	if password == "" {
+		// etcd's client does not log in without a password: it would
+		// send no user at all.
+		return usageErr(command, "no password typed for etcd user %q", c.user)
+	}
 	c.password = password
 	return nil
 }
@@ -153,6 +158,10 @@ func (c *connFlags) credentials() (user, password string, err error) {
 	}
 	if user == "" {
 		return "", "", fmt.Errorf("--user %q has an empty user name: give user:password", c.user)
+	}
+	if password == "" {
+		// etcd's client would not log in: it sends no user at all.
+		return "", "", fmt.Errorf("--user %q has an empty password: give user:password", c.user)
 	}
 	return user, password, nil
 }

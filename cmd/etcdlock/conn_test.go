@@ -108,6 +108,7 @@ func TestCredentials(t *testing.T) {
 		{"odd:name", "pw", "odd:name", "pw", ""}, // as etcdctl: --password takes --user whole
 		{"root", "", "", "", "has no password"},
 		{":pw", "", "", "", "has an empty user name"},
+		{"root:", "", "", "", "has an empty password"},
 		{"", "pw", "", "", "--password needs --user"},
 	} {
 		c := connFlags{user: tc.user, password: tc.password}
@@ -245,13 +246,15 @@ func TestAuth(t *testing.T) {
 	t.Run("prompt", func(t *testing.T) {
 		term, tty := openPTY(t)
 		for i, tc := range []struct {
-			typed string // "" sends SIGINT at the prompt instead
-			code  int
-			want  string
+			typed     string
+			interrupt bool // SIGINT at the prompt instead of typing
+			code      int
+			want      string
 		}{
-			{"secret", 0, "is free"},
-			{"wrong", exitConnect, "authentication failed"},
-			{"", exitSignalBase + int(syscall.SIGINT), "etcdlock: interrupted by SIGINT at the password prompt"},
+			{"secret", false, 0, "is free"},
+			{"wrong", false, exitConnect, "authentication failed"},
+			{"", false, exitUsage, `etcdlock: no password typed for etcd user "root"`},
+			{"", true, exitSignalBase + int(syscall.SIGINT), "etcdlock: interrupted by SIGINT at the password prompt"},
 		} {
 			cmd := exec.Command(bin, "status", eps, "--user", "root", name)
 			cmd.Env = append(cleanEnv(), "ETCDCTL_DIAL_TIMEOUT=30s")
@@ -264,7 +267,7 @@ func TestAuth(t *testing.T) {
 				cmd.Wait()
 			}()
 			waitWritten(t, stderr, `Password of etcd user "root": `)
-			if tc.typed == "" {
+			if tc.interrupt {
 				require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 			} else {
 				_, err := term.WriteString(tc.typed + "\n")
