@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -16,13 +19,15 @@ import (
 
 // connFlags are the etcdctl connection settings shared by run and status.
 type connFlags struct {
-	endpoints   string
-	user        string
-	password    string
-	cacert      string
-	cert        string
-	key         string
-	dialTimeout time.Duration
+	endpoints      string
+	user           string
+	password       string
+	cacert         string
+	cert           string
+	key            string
+	skipVerify     bool
+	dialTimeout    time.Duration
+	commandTimeout time.Duration // bounds each short request, as in etcdctl
 }
 
 // connEnv maps each connection flag to the etcdctl environment variable
@@ -34,23 +39,30 @@ var connEnv = []struct{ flag, env string }{
 	{"cacert", "ETCDCTL_CACERT"},
 	{"cert", "ETCDCTL_CERT"},
 	{"key", "ETCDCTL_KEY"},
+	{"insecure-skip-tls-verify", "ETCDCTL_INSECURE_SKIP_TLS_VERIFY"},
 	{"dial-timeout", "ETCDCTL_DIAL_TIMEOUT"},
+	{"command-timeout", "ETCDCTL_COMMAND_TIMEOUT"},
 }
 
 const connHelp = `
-Connection flags are etcdctl's. Each flag not given is read from its
-environment variable: ETCDCTL_ENDPOINTS, ETCDCTL_USER, ETCDCTL_PASSWORD,
-ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_DIAL_TIMEOUT.
+Connection flags are etcdctl's, with its defaults. Each flag not given is
+read from its environment variable: ETCDCTL_ENDPOINTS, ETCDCTL_USER,
+ETCDCTL_PASSWORD, ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY,
+ETCDCTL_INSECURE_SKIP_TLS_VERIFY, ETCDCTL_DIAL_TIMEOUT,
+ETCDCTL_COMMAND_TIMEOUT. Durations take a unit (10s, 1m30s) or are whole
+seconds (10).
 `
 
 func (c *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.endpoints, "endpoints", "127.0.0.1:2379", "comma-separated etcd `endpoints`")
-	fs.StringVar(&c.user, "user", "", "etcd user as `user:password`, or user with --password")
+	fs.StringVar(&c.user, "user", "", "etcd user as `user:password`, or user with --password; a user alone is asked for the password if standard input is a terminal")
 	fs.StringVar(&c.password, "password", "", "`password` of --user")
 	fs.StringVar(&c.cacert, "cacert", "", "verify etcd's TLS certificate with this CA `file`")
 	fs.StringVar(&c.cert, "cert", "", "TLS client certificate `file`")
 	fs.StringVar(&c.key, "key", "", "TLS client key `file`")
-	fs.DurationVar(&c.dialTimeout, "dial-timeout", 2*time.Second, "give up reaching etcd after this `duration`")
+	fs.BoolVar(&c.skipVerify, "insecure-skip-tls-verify", false, "use TLS but do not verify etcd's certificate (for testing only: anyone in between can read and change the traffic)")
+	durationVar(fs, &c.dialTimeout, "dial-timeout", 2*time.Second, "give up reaching etcd after this `duration`")
+	durationVar(fs, &c.commandTimeout, "command-timeout", 5*time.Second, "give up each short request to etcd after this `duration` (reads, the release, the revoke at exit; not the dial, nor the wait for the lock)")
 }
 
 // applyEnv sets each connection flag not given on the command line from
@@ -90,9 +102,44 @@ func (c *connFlags) check() error {
 	if c.dialTimeout <= 0 {
 		return fmt.Errorf("--dial-timeout must be positive, not %v", c.dialTimeout)
 	}
+	if c.commandTimeout <= 0 {
+		return fmt.Errorf("--command-timeout must be positive, not %v", c.commandTimeout)
+	}
+	if c.needsPassword() {
+		return nil // askPassword asks for it
+	}
 	if _, _, err := c.credentials(); err != nil {
 		return err
 	}
+	return nil
+}
+
+// needsPassword reports whether --user names a user without a password,
+// and no --password is given.
+func (c *connFlags) needsPassword() bool {
+	return c.user != "" && c.password == "" && !strings.Contains(c.user, ":")
+}
+
+// askPassword asks for the password of --user on the terminal, as etcdctl
+// does, when --user has none and no --password is given. Without a
+// terminal on standard input it returns a usage error for command.
+func (c *connFlags) askPassword(command string, stdin *os.File, stderr io.Writer) error {
+	if !c.needsPassword() {
+		return nil
+	}
+	password, ok, err := readPassword(stdin, fmt.Sprintf("Password of etcd user %q: ", c.user), stderr)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return usageErr(command, "--user %q has no password, and standard input is not a terminal to ask for it: give user:password, --password, or ETCDCTL_PASSWORD", c.user)
+	}
+	if password == "" {
+		// etcd's client does not log in without a password: it would
+		// send no user at all.
+		return usageErr(command, "no password typed for etcd user %q", c.user)
+	}
+	c.password = password
 	return nil
 }
 
@@ -106,10 +153,45 @@ func (c *connFlags) credentials() (user, password string, err error) {
 		return c.user, c.password, nil
 	}
 	user, password, ok := strings.Cut(c.user, ":")
-	if !ok || user == "" {
+	if !ok {
 		return "", "", fmt.Errorf("--user %q has no password: give user:password, or --password", c.user)
 	}
+	if user == "" {
+		return "", "", fmt.Errorf("--user %q has an empty user name: give user:password", c.user)
+	}
+	if password == "" {
+		// etcd's client would not log in: it sends no user at all.
+		return "", "", fmt.Errorf("--user %q has an empty password: give user:password", c.user)
+	}
 	return user, password, nil
+}
+
+// userName is the etcd user the connection authenticates as, for messages.
+func (c *connFlags) userName() string {
+	user, _, err := c.credentials()
+	if err != nil {
+		return c.user
+	}
+	return user
+}
+
+// explain rewrites etcd's terse authorization errors into what to do about
+// them: "user name is empty" means etcd wants a user, and "permission
+// denied" names the user and the key that was refused (the access is what
+// was tried on key, such as "read key" or "write key"). Other errors come
+// back as they are.
+func (c *connFlags) explain(err error, access, key string) error {
+	switch {
+	case errors.Is(err, rpctypes.ErrUserEmpty):
+		return fmt.Errorf("etcd requires authentication (%w): give --user user:password, or set ETCDCTL_USER", err)
+	case errors.Is(err, rpctypes.ErrPermissionDenied):
+		pfx := key
+		if i := strings.LastIndex(key, "/"); i >= 0 {
+			pfx = key[:i+1]
+		}
+		return fmt.Errorf("%w: etcd user %q may not %s %q (run needs readwrite permission on the keys with prefix %q, status read)", err, c.userName(), access, key, pfx)
+	}
+	return err
 }
 
 // connect returns a client of the endpoints that has answered a read of
@@ -129,7 +211,7 @@ func (c *connFlags) connect(ctx context.Context, probeKey string) (*clientv3.Cli
 	defer cancel()
 	if _, err := cli.Get(pctx, probeKey, clientv3.WithCountOnly()); err != nil {
 		cli.Close()
-		return nil, connectErr(where, c.dialTimeout, err)
+		return nil, connectErr(where, c.dialTimeout, c.explain(err, "read key", probeKey))
 	}
 	return cli, nil
 }
@@ -155,6 +237,13 @@ func (c *connFlags) clientConfig() (clientv3.Config, error) {
 			return clientv3.Config{}, fmt.Errorf("TLS setup: %v", err)
 		}
 		cfg.TLS = tlsCfg
+	}
+	// As etcdctl: with this flag, endpoints without a scheme use TLS too.
+	if c.skipVerify {
+		if cfg.TLS == nil {
+			cfg.TLS = &tls.Config{}
+		}
+		cfg.TLS.InsecureSkipVerify = true
 	}
 	return cfg, nil
 }

@@ -7,39 +7,55 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"math/big"
+	"net"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 func TestParseArgs(t *testing.T) {
 	for _, tc := range []struct {
-		args []string
-		ttl  time.Duration
-		rest []string
+		args   []string
+		ttl    time.Duration
+		rest   []string
+		dashed bool
 	}{
-		{[]string{"--ttl", "5s", "n", "--", "cmd", "-x"}, 5 * time.Second, []string{"cmd", "-x"}},
-		{[]string{"n", "--ttl", "5s", "--", "cmd"}, 5 * time.Second, []string{"cmd"}},
-		{[]string{"n", "--ttl=5s", "cmd", "--ttl", "1s"}, 5 * time.Second, []string{"cmd", "--ttl", "1s"}},
-		{[]string{"n", "cmd", "arg"}, time.Second, []string{"cmd", "arg"}},
-		{[]string{"--", "n", "cmd"}, time.Second, []string{"cmd"}},
-		{[]string{"n", "--", "--", "cmd"}, time.Second, []string{"--", "cmd"}},
+		{[]string{"--ttl", "5s", "n", "--", "cmd", "-x"}, 5 * time.Second, []string{"cmd", "-x"}, false},
+		{[]string{"n", "--ttl", "5s", "--", "cmd"}, 5 * time.Second, []string{"cmd"}, false},
+		{[]string{"n", "--ttl=5s", "cmd", "--ttl", "1s"}, 5 * time.Second, []string{"cmd", "--ttl", "1s"}, false},
+		{[]string{"n", "cmd", "arg"}, time.Second, []string{"cmd", "arg"}, false},
+		{[]string{"n", "--", "--", "cmd"}, time.Second, []string{"--", "cmd"}, false},
+		// A "--" before NAME starts CMD unless a second one follows NAME.
+		{[]string{"--", "n", "cmd"}, time.Second, []string{"cmd"}, true},
+		{[]string{"--ttl", "5s", "--", "n"}, 5 * time.Second, []string{}, true},
+		{[]string{"--", "n", "--", "cmd"}, time.Second, []string{"cmd"}, false},
+		{[]string{"--", "n", "--ttl", "5s", "--", "cmd"}, 5 * time.Second, []string{"cmd"}, false},
 	} {
 		fs := newFlagSet("run")
 		ttl := fs.Duration("ttl", time.Second, "")
-		pos, rest, err := parseArgs(fs, tc.args, 1, "", nil)
+		pos, rest, dashed, err := parseArgs(fs, tc.args, 1, "", nil)
 		require.NoError(t, err, "%q", tc.args)
 		require.Equal(t, []string{"n"}, pos, "%q", tc.args)
 		require.Equal(t, tc.ttl, *ttl, "%q", tc.args)
 		require.Equal(t, tc.rest, rest, "%q", tc.args)
+		require.Equal(t, tc.dashed, dashed, "%q", tc.args)
 	}
 }
 
@@ -50,12 +66,14 @@ func TestApplyEnv(t *testing.T) {
 	c.register(fs)
 	require.NoError(t, fs.Parse([]string{"--endpoints", "flag:2379", "--dial-timeout=3s"}))
 	env := map[string]string{
-		"ETCDCTL_ENDPOINTS":    "env:2379",
-		"ETCDCTL_DIAL_TIMEOUT": "9s",
-		"ETCDCTL_USER":         "u:p",
-		"ETCDCTL_CACERT":       "/ca.pem",
-		"ETCDCTL_CERT":         "/cert.pem",
-		"ETCDCTL_KEY":          "/key.pem",
+		"ETCDCTL_ENDPOINTS":                "env:2379",
+		"ETCDCTL_DIAL_TIMEOUT":             "9s",
+		"ETCDCTL_USER":                     "u:p",
+		"ETCDCTL_CACERT":                   "/ca.pem",
+		"ETCDCTL_CERT":                     "/cert.pem",
+		"ETCDCTL_KEY":                      "/key.pem",
+		"ETCDCTL_INSECURE_SKIP_TLS_VERIFY": "true",
+		"ETCDCTL_COMMAND_TIMEOUT":          "7",
 	}
 	require.NoError(t, applyEnv(fs, func(k string) string { return env[k] }))
 	require.Equal(t, []string{"flag:2379"}, c.endpointList())
@@ -64,6 +82,8 @@ func TestApplyEnv(t *testing.T) {
 	require.Equal(t, "/ca.pem", c.cacert)
 	require.Equal(t, "/cert.pem", c.cert)
 	require.Equal(t, "/key.pem", c.key)
+	require.True(t, c.skipVerify)
+	require.Equal(t, 7*time.Second, c.commandTimeout)
 	user, pw, err := c.credentials()
 	require.NoError(t, err)
 	require.Equal(t, []string{"u", "p"}, []string{user, pw})
@@ -87,7 +107,8 @@ func TestCredentials(t *testing.T) {
 		{"root", "pw", "root", "pw", ""},
 		{"odd:name", "pw", "odd:name", "pw", ""}, // as etcdctl: --password takes --user whole
 		{"root", "", "", "", "has no password"},
-		{":pw", "", "", "", "has no password"},
+		{":pw", "", "", "", "has an empty user name"},
+		{"root:", "", "", "", "has an empty password"},
 		{"", "pw", "", "", "--password needs --user"},
 	} {
 		c := connFlags{user: tc.user, password: tc.password}
@@ -178,9 +199,21 @@ func TestAuth(t *testing.T) {
 	t.Parallel()
 	c := etcdtest.Start(t, 1)
 	cli := c.Client(t)
+	name := lockName(t)
+	// reader may read the lock's keys but not write them; nobody may do
+	// neither.
+	_, err := cli.RoleAdd(t.Context(), "reader")
+	require.NoError(t, err)
+	_, err = cli.RoleGrantPermission(t.Context(), "reader", name+"/", clientv3.GetPrefixRangeEnd(name+"/"), clientv3.PermissionType(clientv3.PermRead))
+	require.NoError(t, err)
+	for _, user := range []string{"reader", "nobody"} {
+		_, err = cli.UserAdd(t.Context(), user, "pw")
+		require.NoError(t, err)
+	}
+	_, err = cli.UserGrantRole(t.Context(), "reader", "reader")
+	require.NoError(t, err)
 	require.NoError(t, etcdtest.EnableAuth(t.Context(), cli, "secret"))
 	eps := "--endpoints=" + c.Endpoint(0)
-	name := lockName(t)
 
 	r := runProc(t, nil, "run", eps, "--user", "root:secret", name, "--", "true")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -191,9 +224,108 @@ func TestAuth(t *testing.T) {
 	r = runProc(t, nil, "run", eps, "--user", "root", "--password", "wrong", name, "--", "true")
 	require.Equal(t, exitConnect, r.code)
 	requireOneLineError(t, r, "authentication failed")
+	// No user: etcd says "user name is empty"; we say what to give.
 	r = runProc(t, nil, "status", eps, name)
 	require.Equal(t, exitConnect, r.code)
 	requireOneLineError(t, r, "cannot use etcd at")
+	requireOneLineError(t, r, "user name is empty): give --user user:password, or set ETCDCTL_USER")
+
+	// "permission denied" names the user and the key refused.
+	r = runProc(t, nil, "status", eps, "--user", "nobody:pw", name)
+	require.Equal(t, exitConnect, r.code)
+	requireOneLineError(t, r, `permission denied: etcd user "nobody" may not read key "`+name+`/" (run needs readwrite permission on the keys with prefix "`+name+`/", status read)`)
+	r = runProc(t, nil, "status", eps, "--user", "reader:pw", name)
+	require.Equal(t, 0, r.code, r.stderr)
+	r = runProc(t, nil, "run", eps, "--user", "reader:pw", name, "--", "true")
+	require.Equal(t, exitFailure, r.code)
+	requireOneLineError(t, r, `permission denied: etcd user "reader" may not write key "`+name+`/`)
+	requireOneLineError(t, r, `(run needs readwrite permission on the keys with prefix "`+name+`/", status read)`)
+
+	// A user without a password is asked for it on the terminal, with
+	// echo off; the terminal is left as it was, also after Ctrl-C.
+	t.Run("prompt", func(t *testing.T) {
+		term, tty := openPTY(t)
+		for i, tc := range []struct {
+			typed     string
+			interrupt bool // SIGINT at the prompt instead of typing
+			code      int
+			want      string
+		}{
+			{"secret", false, 0, "is free"},
+			{"wrong", false, exitConnect, "authentication failed"},
+			{"", false, exitUsage, `etcdlock: no password typed for etcd user "root"`},
+			{"", true, exitSignalBase + int(syscall.SIGINT), "etcdlock: interrupted by SIGINT at the password prompt"},
+		} {
+			cmd := exec.Command(bin, "status", eps, "--user", "root", name)
+			cmd.Env = append(cleanEnv(), "ETCDCTL_DIAL_TIMEOUT=30s")
+			stdout, stderr := newSyncBuffer(), newSyncBuffer()
+			cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, stdout, stderr
+			require.NoError(t, cmd.Start())
+			exited := make(chan struct{})
+			go func() {
+				defer close(exited)
+				cmd.Wait()
+			}()
+			waitWritten(t, stderr, `Password of etcd user "root": `)
+			if tc.interrupt {
+				require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+			} else {
+				_, err := term.WriteString(tc.typed + "\n")
+				require.NoError(t, err)
+			}
+			select {
+			case <-exited:
+			case <-time.After(procTimeout):
+				cmd.Process.Kill()
+				<-exited
+				t.Fatal("etcdlock still runs after the password")
+			}
+			out, _ := stdout.read()
+			errOut, _ := stderr.read()
+			require.Equal(t, tc.code, cmd.ProcessState.ExitCode(), "stderr: %s", errOut)
+			require.Contains(t, out+errOut, tc.want)
+
+			// Echo is on again: a marker typed now comes back, and
+			// nothing before it did.
+			marker := fmt.Sprintf("marker-%d", i)
+			_, err := term.WriteString(marker + "\n")
+			require.NoError(t, err)
+			echoed := readUntil(t, term, marker)
+			require.Equal(t, marker, strings.TrimSpace(echoed), "echoed at the prompt")
+			readUntil(t, tty, marker) // the next run must not read it
+		}
+	})
+}
+
+// waitWritten waits until b contains s.
+func waitWritten(t *testing.T, b *syncBuffer, s string) {
+	t.Helper()
+	deadline := time.After(procTimeout)
+	for {
+		got, changed := b.read()
+		if strings.Contains(got, s) {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no %q in %q", s, got)
+		}
+	}
+}
+
+// readUntil reads f until what it read contains s, and returns that.
+func readUntil(t *testing.T, f *os.File, s string) string {
+	t.Helper()
+	require.NoError(t, f.SetReadDeadline(time.Now().Add(procTimeout)))
+	var got []byte
+	buf := make([]byte, 256)
+	for !bytes.Contains(got, []byte(s)) {
+		n, err := f.Read(buf)
+		got = append(got, buf[:n]...)
+		require.NoError(t, err, "read so far: %q", got)
+	}
+	return string(got)
 }
 
 // syncBuffer is a bytes.Buffer safe for one writer and one reader, that
@@ -254,4 +386,168 @@ func TestProgressTerminal(t *testing.T) {
 
 	require.NoError(t, holder.Unlock(t.Context()))
 	wt.unlock(t)
+}
+
+// Durations take a unit or, as etcdctl's --ttl, are whole seconds.
+func TestDurationFlag(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		err  bool
+	}{
+		{"10", 10 * time.Second, false},
+		{"0", 0, false},
+		{"-5", -5 * time.Second, false}, // the command says why it is wrong
+		{"1m30s", 90 * time.Second, false},
+		{"250ms", 250 * time.Millisecond, false},
+		{"1.5", 0, true},
+		{"soon", 0, true},
+		{"", 0, true},
+		{"10000000000", 0, true}, // more seconds than a Duration holds
+	} {
+		var d time.Duration
+		err := (*durationFlag)(&d).Set(tc.in)
+		if tc.err {
+			require.Error(t, err, "%q", tc.in)
+			continue
+		}
+		require.NoError(t, err, "%q", tc.in)
+		require.Equal(t, tc.want, d, "%q", tc.in)
+	}
+}
+
+// --ttl 7 and --timeout 1 are seconds, as in etcdctl.
+func TestBareSeconds(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	p := startProc(t, nil, "run", "--ttl", "7", ep(), name, "--", "sh", "-c", `echo "started $ETCDLOCK_KEY"; cat >/dev/null`)
+	waitRecorded(t, cli, strings.Fields(p.stdout.waitFor(t, "started"))[1])
+
+	r := runProc(t, nil, "status", "--json", "--command-timeout", "5", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.NotNil(t, st.Holder)
+	require.NotNil(t, st.Holder.LeaseTTL)
+	require.Equal(t, int64(7), *st.Holder.LeaseTTL)
+
+	r = runProc(t, []string{"ETCDCTL_DIAL_TIMEOUT=30"}, "run", "--timeout", "1", ep(), name, "--", "true")
+	require.Equal(t, exitTimeout, r.code, r.stderr)
+	require.Contains(t, r.stderr, "etcdlock: timed out after 1s waiting for lock")
+
+	p.stdin.Close()
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+}
+
+// --command-timeout bounds status's reads (not the dial): answers slower
+// than it fail the command; the default of 5s lets them through.
+func TestCommandTimeout(t *testing.T) {
+	t.Parallel()
+	name := lockName(t)
+	px := etcdtest.NewProxy(t, endpoint)
+	px.DelayAnswers(1200 * time.Millisecond) // longer than 1s, far below 5s
+	eps := "--endpoints=" + px.URL()
+
+	r := runProc(t, nil, "status", "--command-timeout", "1s", eps, name)
+	require.Equal(t, exitFailure, r.code, r.stderr)
+	requireOneLineError(t, r, fmt.Sprintf("read lock %q: no answer from etcd within 1s (--command-timeout)", name))
+
+	r = runProc(t, nil, "status", eps, name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "is free")
+
+	for _, v := range []string{"0", "-1s"} {
+		r = runProc(t, nil, "status", "--command-timeout", v, eps, name)
+		require.Equal(t, exitUsage, r.code, r.stderr)
+		requireOneLineError(t, r, "--command-timeout must be positive")
+	}
+}
+
+// --insecure-skip-tls-verify connects to an etcd whose certificate is not
+// trusted, with or without https:// in the endpoint (as etcdctl: the flag
+// alone turns TLS on); without it, or --cacert, the connection fails.
+func TestInsecureSkipTLSVerify(t *testing.T) {
+	t.Parallel()
+	addr := startTLSEtcd(t)
+	name := lockName(t)
+	https := "--endpoints=https://" + addr
+
+	r := runProc(t, nil, "status", https, "--dial-timeout", "2s", name)
+	require.Equal(t, exitConnect, r.code, r.stderr)
+
+	for _, tc := range []struct {
+		env  []string
+		args []string
+	}{
+		{nil, []string{https, "--insecure-skip-tls-verify"}},
+		{nil, []string{"--endpoints=" + addr, "--insecure-skip-tls-verify"}},
+		{[]string{"ETCDCTL_INSECURE_SKIP_TLS_VERIFY=true"}, []string{https}},
+	} {
+		r := runProc(t, tc.env, append(append([]string{"status"}, tc.args...), name)...)
+		require.Equal(t, 0, r.code, "%q %q: %s", tc.env, tc.args, r.stderr)
+		require.Contains(t, r.stdout, "is free")
+	}
+	r = runProc(t, nil, "run", https, "--insecure-skip-tls-verify", name, "--", "true")
+	require.Equal(t, 0, r.code, r.stderr)
+}
+
+// startTLSEtcd starts a one-member etcd that serves clients over TLS with a
+// self-signed certificate for 127.0.0.1, stopped at the end of the test,
+// and returns its client address host:port.
+func startTLSEtcd(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "etcdlock test server"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	require.NoError(t, err)
+	certFile, keyFile := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
+	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600))
+
+	clientURL := url.URL{Scheme: "https", Host: freeAddr(t)}
+	peerURL := url.URL{Scheme: "http", Host: freeAddr(t)}
+	cfg := embed.NewConfig()
+	cfg.Name = "tls"
+	cfg.Dir = filepath.Join(dir, "data")
+	cfg.ListenClientUrls = []url.URL{clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{clientURL}
+	cfg.ListenPeerUrls = []url.URL{peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{peerURL}
+	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
+	cfg.ClientTLSInfo = transport.TLSInfo{CertFile: certFile, KeyFile: keyFile}
+	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		t.Fatalf("TLS etcd: %v", err)
+	case <-time.After(procTimeout):
+		t.Fatal("TLS etcd not ready")
+	}
+	return clientURL.Host
+}
+
+// freeAddr returns a loopback address with a port free at the time.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
 }

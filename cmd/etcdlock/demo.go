@@ -43,7 +43,7 @@ Needs no setup; takes a few seconds.
 
 func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	fset := newFlagSet("demo")
-	_, rest, err := parseArgs(fset, args, 0, demoHelp, stdout)
+	_, rest, _, err := parseArgs(fset, args, 0, demoHelp, stdout)
 	if err != nil {
 		return err
 	}
@@ -86,7 +86,8 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// signalError is the cause of the demo's end when a signal stopped it.
+// signalError is the cause of a context's end when a signal ended it: the
+// demo's, or the wait of run.
 type signalError struct{ sig os.Signal }
 
 func (e *signalError) Error() string { return "interrupted by " + sigName(e.sig) }

@@ -4,7 +4,9 @@
 //
 //	etcdlock demo                              three clients take turns on one lock, on an embedded etcd
 //	etcdlock run [flags] NAME -- CMD [ARGS...] hold the lock NAME while CMD runs
+//	etcdlock run [flags] NAME                  hold the lock NAME until a signal, printing its key
 //	etcdlock status [flags] NAME               show the holder and the waiters of NAME
+//	etcdlock version                           show the versions of etcdlock, Go and the etcd client
 //
 // Locks are those of package etcdlock: the key NAME/<lease ID in hex>, bound
 // to a lease the process keeps alive, the layout of `etcdctl lock`, so both
@@ -15,11 +17,15 @@
 //
 // run acquires NAME, runs CMD with ETCDLOCK_NAME, ETCDLOCK_KEY,
 // ETCDLOCK_TOKEN and ETCDLOCK_LEASE (and etcdctl's ETCD_LOCK_KEY and
-// ETCD_LOCK_REV) in its environment, and releases NAME when CMD exits. If
-// the lock is lost while CMD runs (its key was deleted, or the lease could
-// not be renewed within its TTL), CMD gets SIGTERM, then SIGKILL after
-// --grace. SIGINT, SIGTERM and SIGHUP to etcdlock are passed on to CMD; while
-// etcdlock still waits, they make it leave the queue and exit.
+// ETCD_LOCK_REV, the revision of the response that granted the lock) in
+// its environment, and releases NAME when CMD exits. If the lock is lost
+// while CMD runs (its key was deleted, or the lease could not be renewed
+// within its TTL), CMD gets SIGTERM, then SIGKILL after --grace, and
+// etcdlock exits as soon as CMD has. SIGINT, SIGTERM and SIGHUP to etcdlock
+// are passed on to CMD; while etcdlock still waits, they make it leave the
+// queue and exit. A waiter whose session ends, or whose key is deleted,
+// joins the queue again at the back. Without CMD, run prints the key and
+// holds the lock until one of those signals, as 'etcdctl lock NAME' does.
 //
 // Unless its standard input is the terminal etcdlock runs in the foreground
 // of, CMD runs in a process group of its own: forwarded signals and the
@@ -28,19 +34,23 @@
 // the terminal; Ctrl-C then reaches CMD from the terminal itself and etcdlock
 // does not send it a second SIGINT, and a lost lock signals CMD alone.
 //
-// Connection flags are etcdctl's: --endpoints, --user, --password,
-// --cacert, --cert, --key and --dial-timeout, each also read from the
-// matching ETCDCTL_* environment variable when the flag is not given.
+// Connection flags are etcdctl's, with its defaults: --endpoints, --user,
+// --password, --cacert, --cert, --key, --insecure-skip-tls-verify,
+// --dial-timeout and --command-timeout, each also read from the matching
+// ETCDCTL_* environment variable when the flag is not given. A --user
+// without a password is asked for it when standard input is a terminal.
+// Durations may be whole seconds, as etcdctl's --ttl: --ttl 10.
 //
 // Exit codes:
 //
 //	0        success; for run: CMD's own exit code
 //	1        an error from etcd or the system not covered below
-//	2        usage: unknown flag, missing NAME or CMD, bad value
+//	2        usage: unknown flag, missing NAME, bad value
 //	3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
 //	4        run --try: the lock is held or has waiters
 //	5        run --timeout: gave up waiting
-//	6        run: the lock was lost while CMD ran (CMD was stopped)
+//	6        run: the lock was lost while CMD ran (CMD was stopped), or while
+//	         held without CMD
 //	126      run: CMD cannot be executed
 //	127      run: CMD not found
 //	128+N    run: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),
@@ -56,7 +66,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -78,11 +90,12 @@ const (
 const exitCodesHelp = `Exit codes:
   0        success; for run: CMD's own exit code
   1        an error from etcd or the system not covered below
-  2        usage: unknown flag, missing NAME or CMD, bad value
+  2        usage: unknown flag, missing NAME, bad value
   3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
   4        run --try: the lock is held or has waiters
   5        run --timeout: gave up waiting
-  6        run: the lock was lost while CMD ran (CMD was stopped)
+  6        run: the lock was lost while CMD ran (CMD was stopped), or while
+           held without CMD
   126      run: CMD cannot be executed
   127      run: CMD not found
   128+N    run: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),
@@ -95,7 +108,11 @@ Usage:
   etcdlock demo                               three clients take turns on one lock,
                                               on an embedded etcd: no setup needed
   etcdlock run [flags] NAME -- CMD [ARGS...]  hold the lock NAME while CMD runs
+  etcdlock run [flags] NAME                   hold it until SIGINT or SIGTERM,
+                                              printing its key ('etcdctl lock')
   etcdlock status [flags] NAME                show the holder and waiters of NAME
+  etcdlock version                            show the versions of etcdlock, Go
+                                              and the etcd client
   etcdlock help [COMMAND]                     show help
 
 Locks are keys NAME/<lease ID in hex>, the layout of 'etcdctl lock': both tools
@@ -165,6 +182,12 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
+// detail is err's message for the middle of a line of etcdlock's, which
+// says "etcdlock:" at its start: one line, without the library's prefix.
+func detail(err error) string {
+	return strings.TrimPrefix(oneLine(err.Error()), "etcdlock: ")
+}
+
 func dispatch(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, mainUsage)
@@ -176,7 +199,9 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 	case "run":
 		return cmdRun(rest, stdout, stderr)
 	case "status":
-		return cmdStatus(rest, stdout)
+		return cmdStatus(rest, stdout, stderr)
+	case "version":
+		return cmdVersion(rest, stdout)
 	case demoHolderCmd:
 		return cmdDemoHolder(rest, stdout)
 	case "help", "-h", "-help", "--help":
@@ -202,9 +227,12 @@ func newFlagSet(name string) *flag.FlagSet {
 
 // parseArgs parses flags placed before, between and after the first n
 // positional arguments, and returns those arguments and what follows them
-// (after an optional "--"). For --help it prints help to stdout and returns
-// an exitError with code 0.
-func parseArgs(fs *flag.FlagSet, args []string, n int, help string, stdout io.Writer) (pos, rest []string, err error) {
+// (after an optional "--"). dashed reports that a "--" came before the
+// positional arguments and none after them: in 'run -- true' or
+// 'run -- sleep 10' the user meant "--" to start CMD, and NAME is missing
+// ('run -- NAME -- CMD' is not dashed). For --help it prints help to
+// stdout and returns an exitError with code 0.
+func parseArgs(fs *flag.FlagSet, args []string, n int, help string, stdout io.Writer) (pos, rest []string, dashed bool, err error) {
 	command := strings.TrimPrefix(fs.Name(), "etcdlock ")
 	parse := func(args []string) error {
 		err := fs.Parse(args)
@@ -218,24 +246,67 @@ func parseArgs(fs *flag.FlagSet, args []string, n int, help string, stdout io.Wr
 		return nil
 	}
 	if err := parse(args); err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
+	// Parse stops after a "--", which it consumes.
+	endedByDash := func(args []string) bool {
+		consumed := len(args) - fs.NArg()
+		return consumed > 0 && args[consumed-1] == "--"
+	}
+	dashed = n > 0 && fs.NArg() > 0 && endedByDash(args)
 	for len(pos) < n && fs.NArg() > 0 {
 		pos = append(pos, fs.Arg(0))
-		if err := parse(fs.Args()[1:]); err != nil {
-			return nil, nil, err
+		after := fs.Args()[1:]
+		if err := parse(after); err != nil {
+			return nil, nil, false, err
+		}
+		if len(pos) == n && endedByDash(after) {
+			dashed = false
 		}
 	}
-	return pos, fs.Args(), nil
+	return pos, fs.Args(), dashed, nil
 }
 
-// printHelp prints a command's help text with its flags.
+// printHelp prints a command's help text with its flags, if it has any.
 func printHelp(fs *flag.FlagSet, help string, w io.Writer) {
 	fmt.Fprint(w, help)
+	flags := 0
+	fs.VisitAll(func(*flag.Flag) { flags++ })
+	if flags == 0 {
+		return
+	}
 	fmt.Fprintln(w, "\nFlags (-flag and --flag are the same):")
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 	fs.SetOutput(io.Discard)
+}
+
+// durationFlag is a flag.Value for a duration that also takes a bare whole
+// number of seconds, as etcdctl's --ttl does: "10" is 10s.
+type durationFlag time.Duration
+
+// durationVar defines a durationFlag flag that stores into p.
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	fs.Var((*durationFlag)(p), name, usage)
+}
+
+func (d *durationFlag) String() string { return time.Duration(*d).String() }
+
+func (d *durationFlag) Set(s string) error {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n > math.MaxInt64/int64(time.Second) || n < math.MinInt64/int64(time.Second) {
+			return errors.New("out of range")
+		}
+		*d = durationFlag(time.Duration(n) * time.Second)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration such as 10s or 1m30s, nor a whole number of seconds")
+	}
+	*d = durationFlag(v)
+	return nil
 }
 
 // fmtDur formats d for people: milliseconds below a second, tenths of a

@@ -18,30 +18,41 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// releaseTimeout bounds Unlock after CMD exits; past it the lock ends with
-// the session's lease, which Close revokes.
-const releaseTimeout = 10 * time.Second
-
-// recordTimeout bounds the write that records the holder for status.
-const recordTimeout = 5 * time.Second
-
 const runHelp = `Usage: etcdlock run [flags] NAME -- CMD [ARGS...]
+       etcdlock run [flags] NAME
 
 Waits for the lock NAME (first come, first served), runs CMD while holding
 it, releases it when CMD exits, and exits with CMD's exit code.
+
+Without CMD, as 'etcdctl lock NAME', it prints the lock's key on standard
+output once it holds the lock, and holds it until SIGINT, SIGTERM or SIGHUP;
+then it releases the lock and exits 0, or exits 6 as soon as the lock is
+lost.
 
 CMD finds in its environment:
   ETCDLOCK_NAME    the lock name
   ETCDLOCK_KEY     the lock key, NAME/<lease ID in hex>   (also ETCD_LOCK_KEY)
   ETCDLOCK_TOKEN   the fencing token: the key's create revision, higher for
                    every later holder; pass it to what CMD writes to, so
-                   that a stale holder can be refused     (also ETCD_LOCK_REV)
+                   that a stale holder can be refused
   ETCDLOCK_LEASE   the lease ID in hex
+  ETCD_LOCK_REV    as 'etcdctl lock' sets it: the etcd revision of the
+                   response that granted the lock
+
+Fence on ETCDLOCK_TOKEN. It names the hold itself: it stays the same for
+the whole hold, 'etcdlock status' shows it, and etcd can check it (the
+create revision of ETCDLOCK_KEY; a Txn comparing it guards a write to etcd
+by the lock). ETCD_LOCK_REV is only the moment of the grant: it rises from
+one holder to the next too, but no key in etcd carries it. It is there for
+scripts written for 'etcdctl lock', and in a fleet that mixes both tools it
+is the one number both set with the same meaning.
 
 The lock lives as long as etcdlock renews its lease: if etcdlock dies, the
 lock passes on at most --ttl later. If the lock is lost while CMD runs (the
 key was deleted, or the lease could not be renewed within --ttl), CMD gets
-SIGTERM, then SIGKILL after --grace, and etcdlock exits 6.
+SIGTERM, then SIGKILL after --grace, and etcdlock exits 6 as soon as CMD
+has exited: it tries to revoke the lease for a second at most (etcd may be
+out of reach; the lease expires on its own).
 
 SIGINT, SIGTERM and SIGHUP are passed on to CMD; while etcdlock still waits
 they make it leave the queue and exit 128+N. Unless standard input is the
@@ -49,6 +60,14 @@ terminal etcdlock runs in the foreground of, CMD runs in a process group of
 its own, and signals reach its children too. With the terminal as standard
 input, CMD shares etcdlock's process group: Ctrl-C reaches it from the
 terminal (etcdlock sends no second SIGINT), and a lost lock signals CMD only.
+
+A waiter that loses its place in the queue does not give up: if its
+session ends (its lease was revoked or expired, or could not be renewed in
+time, as happens in a leader election while etcd keeps the lease), it
+revokes that lease, says so on standard error, and joins again at the back
+with a new session; if its key was deleted, it joins again with the same
+session. --timeout counts from the first join. Only waiting works this way:
+a holder whose session ends has lost the lock.
 
 While it waits, etcdlock shows its place in the queue on standard error (one
 line updated in place on a terminal; a line per change otherwise). Once it
@@ -60,27 +79,31 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fset := newFlagSet("run")
 	var conn connFlags
 	conn.register(fset)
-	ttl := fset.Duration("ttl", etcdlock.DefaultTTL, "lease `TTL`: if etcdlock dies, the lock passes on at most this long after")
-	timeout := fset.Duration("timeout", 0, "give up waiting after this `duration` and exit 5 (0: wait for ever)")
+	var ttl, timeout, grace time.Duration
+	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`: if etcdlock dies, the lock passes on at most this long after")
+	durationVar(fset, &timeout, "timeout", 0, "give up waiting after this `duration`, counted from the first join, and exit 5 (0: wait for ever)")
 	try := fset.Bool("try", false, "do not wait: exit 4 if the lock is held or has waiters")
-	grace := fset.Duration("grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
+	durationVar(fset, &grace, "grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
-	pos, cmdArgs, err := parseArgs(fset, args, 1, runHelp, stdout)
+	pos, cmdArgs, dashed, err := parseArgs(fset, args, 1, runHelp, stdout)
 	if err != nil {
 		return err
 	}
 	switch {
-	case len(pos) == 0 || pos[0] == "":
+	case len(pos) == 0:
 		return usageErr("run", "missing lock NAME")
-	case len(cmdArgs) == 0:
-		return usageErr("run", "missing CMD to run under lock %q", pos[0])
-	case *ttl < etcdlock.MinTTL:
-		return usageErr("run", "--ttl must be at least %v, not %v", etcdlock.MinTTL, *ttl)
-	case *timeout < 0:
+	case dashed:
+		// 'run -- true': the "--" starts CMD, NAME is missing.
+		return usageErr("run", "missing lock NAME before \"--\"")
+	case pos[0] == "":
+		return usageErr("run", "empty lock NAME")
+	case ttl < etcdlock.MinTTL:
+		return usageErr("run", "--ttl must be at least %v, not %v", etcdlock.MinTTL, ttl)
+	case timeout < 0:
 		return usageErr("run", "--timeout must not be negative")
-	case *grace < 0:
+	case grace < 0:
 		return usageErr("run", "--grace must not be negative")
-	case *try && *timeout > 0:
+	case *try && timeout > 0:
 		return usageErr("run", "--try and --timeout exclude each other")
 	}
 	if err := setupConn(fset, &conn, "run"); err != nil {
@@ -89,10 +112,17 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	name := pos[0]
 
 	// Look CMD up before queueing: a typo must not wait its turn.
-	if _, err := exec.LookPath(cmdArgs[0]); err != nil {
-		return cmdErr(cmdArgs[0], err)
+	var cmd *exec.Cmd // nil: hold the lock until a signal
+	if len(cmdArgs) > 0 {
+		if _, err := exec.LookPath(cmdArgs[0]); err != nil {
+			return cmdErr(cmdArgs[0], err)
+		}
+		cmd = exec.Command(cmdArgs[0], cmdArgs[1:]...)
 	}
-	cmd := exec.Command(cmdArgs[0], cmdArgs[1:]...)
+	// Before signals are caught: Ctrl-C at the prompt must end etcdlock.
+	if err := conn.askPassword("run", os.Stdin, stderr); err != nil {
+		return err
+	}
 
 	// From here on a signal must not kill etcdlock, whose lease would then
 	// linger for its TTL: until CMD runs, it ends the run cleanly.
@@ -105,17 +135,19 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer cli.Close()
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(*ttl))
-	if err != nil {
+	r := &lockRun{cli: cli, conn: &conn, name: name, ttl: ttl, sigc: sigc, stderr: stderr}
+	if err := r.startSession(context.Background()); err != nil {
 		return err
 	}
 	// Revokes the lease: whatever is left of this run in etcd goes now.
-	defer s.Close()
-	m := etcdlock.NewMutex(s, name)
-	if err := acquire(cli, m, name, *try, *timeout, *quiet, sigc, stderr); err != nil {
+	defer r.endSession(context.Background())
+	if err := r.acquire(*try, timeout, *quiet); err != nil {
 		return err
 	}
-	return runLocked(cli, s, m, cmd, name, *grace, sigc, stdout, stderr)
+	if cmd == nil {
+		return r.hold(stdout)
+	}
+	return r.runLocked(cmd, grace, stdout)
 }
 
 // cmdErr explains why CMD cannot be started.
@@ -130,68 +162,215 @@ func cmdErr(name string, err error) error {
 	}
 }
 
-// acquire takes the lock (or tries to, with try), showing progress on
-// stderr. A signal from sigc abandons the wait: Lock removes the key.
-func acquire(cli *clientv3.Client, m *etcdlock.Mutex, name string, try bool, timeout time.Duration, quiet bool, sigc <-chan os.Signal, stderr io.Writer) error {
-	ctx, cancel := context.WithCancel(context.Background())
+// lostCleanupTimeout bounds the cleanup once the lock is known lost. The
+// lease then expires on its own within its TTL, and etcd may be out of
+// reach: waiting longer for it would only delay the exit, and with it
+// whatever runs the next attempt.
+const lostCleanupTimeout = time.Second
+
+// A lockRun is one 'etcdlock run' once connected: the session and Mutex it
+// waits for and holds the lock through, and what it needs to report. Its
+// methods are called from one goroutine.
+type lockRun struct {
+	cli    *clientv3.Client
+	conn   *connFlags
+	name   string
+	ttl    time.Duration
+	sigc   <-chan os.Signal // SIGINT, SIGTERM, SIGHUP to etcdlock
+	stderr io.Writer
+
+	s      *etcdlock.Session  // nil between two sessions
+	stopS  context.CancelFunc // ends s's context, after s ended
+	m      *etcdlock.Mutex    // of s
+	lost   bool               // the lock is known lost: cleanup is best effort, and short
+	shown  bool               // progress was shown while waiting
+	joined time.Time          // when the run first joined the queue
+}
+
+// startSession starts the session whose lease the lock's key is bound to.
+// Granting the lease may take until ctx ends or --command-timeout passes.
+func (r *lockRun) startSession(ctx context.Context) error {
+	gctx, cancel := context.WithTimeout(ctx, r.conn.commandTimeout)
 	defer cancel()
+	// The session's context bounds NewSession's RPCs and the session's
+	// life. It must end with gctx while NewSession runs, and not after.
+	sctx, stopS := context.WithCancel(context.Background())
+	stopGrant := context.AfterFunc(gctx, stopS)
+	s, err := etcdlock.NewSession(r.cli, etcdlock.WithTTL(r.ttl), etcdlock.WithContext(sctx))
+	if !stopGrant() {
+		// gctx ended, and with it the session if the grant succeeded.
+		if err == nil {
+			revoke(ctx, s, r.cli, r.conn.commandTimeout)
+		}
+		stopS()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("start a session: no answer from etcd within %v (--command-timeout)", r.conn.commandTimeout)
+	}
+	if err != nil {
+		stopS()
+		return fmt.Errorf("start a session: %w", err)
+	}
+	r.s, r.stopS, r.m = s, stopS, etcdlock.NewMutex(s, r.name)
+	return nil
+}
+
+// endSession stops the session's keepalives and revokes its lease, which
+// deletes whatever key of this run is left. The revoke waits at most
+// --command-timeout, and after a loss at most lostCleanupTimeout; if it
+// fails, the lease expires within its TTL. (Session.Close would wait up
+// to the TTL.) The revoke also ends with ctx.
+func (r *lockRun) endSession(ctx context.Context) {
+	if r.s == nil {
+		return
+	}
+	timeout := r.conn.commandTimeout
+	if r.lost {
+		timeout = min(timeout, lostCleanupTimeout)
+	}
+	revoke(ctx, r.s, r.cli, timeout)
+	r.stopS()
+	r.s, r.stopS, r.m = nil, nil, nil
+}
+
+// revoke ends s without Close, and revokes its lease within timeout, or
+// until ctx ends.
+func revoke(ctx context.Context, s *etcdlock.Session, cli *clientv3.Client, timeout time.Duration) {
+	s.Orphan()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	_, _ = cli.Revoke(ctx, s.Lease())
+}
+
+// acquire takes the lock (or tries to, with try), showing progress on
+// stderr. A signal abandons the wait: Lock removes the key. A waiter that
+// loses its place in the queue (its session ended, or its key was deleted)
+// joins it again at the back; --timeout counts from the first join.
+func (r *lockRun) acquire(try bool, timeout time.Duration, quiet bool) error {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
 	if timeout > 0 {
 		var cancelT context.CancelFunc
 		ctx, cancelT = context.WithTimeout(ctx, timeout)
 		defer cancelT()
 	}
-	start := time.Now()
-	res := make(chan error, 1)
+	// A signal ends the wait, in Lock or between sessions.
+	stopSignals, signalsDone := make(chan struct{}), make(chan struct{})
 	go func() {
-		if try {
-			res <- m.TryLock(ctx)
-			return
+		defer close(signalsDone)
+		select {
+		case sig := <-r.sigc:
+			cancel(&signalError{sig})
+		case <-stopSignals:
 		}
-		res <- m.Lock(ctx)
 	}()
-	var prog *progress
-	if !try && !quiet {
-		f, ok := stderr.(*os.File)
-		prog = startProgress(cli, name, m.Key(), stderr, ok && isTerminal(f), start)
-	}
+	r.joined = time.Now()
+	err := r.wait(ctx, try, quiet)
+	close(stopSignals)
+	<-signalsDone
 
-	var sig os.Signal
-	var err error
-	select {
-	case err = <-res:
-	case sig = <-sigc:
-		cancel()
-		err = <-res // Lock removes the key before it returns
-	}
-	shown := prog != nil && prog.stop()
-
+	var se *signalError
 	switch {
-	case sig != nil:
+	case errors.As(context.Cause(ctx), &se):
 		if err == nil {
 			// The lock was granted before Lock saw the cancel.
-			release(m)
+			r.release()
 		}
-		return failf(exitSignalBase+signalNumber(sig), "interrupted by %s while waiting for lock %q; left the queue", sigName(sig), name)
+		return failf(exitSignalBase+signalNumber(se.sig), "interrupted by %s while waiting for lock %q; left the queue", sigName(se.sig), r.name)
 	case err == nil:
-		if shown {
-			fmt.Fprintf(stderr, "etcdlock: acquired lock %q after %s (token %d)\n", name, fmtDur(time.Since(start)), m.Token())
+		if r.shown {
+			fmt.Fprintf(r.stderr, "etcdlock: acquired lock %q after %s (token %d)\n", r.name, fmtDur(time.Since(r.joined)), r.m.Token())
 		}
 		return nil
 	case errors.Is(err, etcdlock.ErrLocked):
-		return failf(exitHeld, "lock %q is held%s", name, describeHolder(cli, name))
-	case timeout > 0 && errors.Is(err, context.DeadlineExceeded):
-		return failf(exitTimeout, "timed out after %v waiting for lock %q, held%s", timeout, name, describeHolder(cli, name))
+		return failf(exitHeld, "lock %q is held%s", r.name, r.describeHolder())
+	case timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return failf(exitTimeout, "timed out after %v waiting for lock %q, held%s", timeout, r.name, r.describeHolder())
+	case r.m == nil:
+		return err // no session: startSession said why
 	default:
-		return fmt.Errorf("lock %q: %w", name, err)
+		return r.conn.explain(fmt.Errorf("lock %q: %w", r.name, err), "write key", r.m.Key())
 	}
 }
 
-// describeHolder names the holder of lock name, and how many wait, for a
-// message; "" if that cannot be read at once.
-func describeHolder(cli *clientv3.Client, name string) string {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+// wait locks (or with try, try-locks) the Mutex until it holds the lock or
+// ctx ends, rejoining the queue when the waiter's place in it is gone.
+func (r *lockRun) wait(ctx context.Context, try bool, quiet bool) error {
+	for {
+		err := r.lockOnce(ctx, try, quiet)
+		if err == nil || try || ctx.Err() != nil {
+			return err
+		}
+		switch {
+		case errors.Is(err, etcdlock.ErrSessionExpired) && r.s.Err() != nil:
+			// A false alarm as often as not: in a leader election or a
+			// pause of etcd, renewals fail while etcd keeps the lease.
+			// The lease is revoked, with the key it holds in the queue,
+			// and a new session joins at the back.
+			fmt.Fprintf(r.stderr, "etcdlock: left the queue of lock %q: %s; rejoining at the back with a new session\n", r.name, detail(err))
+			r.endSession(ctx)
+			if err := r.restartSession(ctx); err != nil {
+				return err
+			}
+		case errors.Is(err, etcdlock.ErrLockLost):
+			// Someone deleted the waiter's key; the session lives on.
+			fmt.Fprintf(r.stderr, "etcdlock: left the queue of lock %q: %s; rejoining at the back\n", r.name, detail(err))
+		default:
+			return err
+		}
+	}
+}
+
+// lockOnce locks (or try-locks) the Mutex once, showing progress.
+func (r *lockRun) lockOnce(ctx context.Context, try, quiet bool) error {
+	if try {
+		return r.m.TryLock(ctx)
+	}
+	var prog *progress
+	if !quiet {
+		f, ok := r.stderr.(*os.File)
+		prog = startProgress(r.cli, r.name, r.m.Key(), r.stderr, ok && isTerminal(f), r.joined)
+	}
+	err := r.m.Lock(ctx)
+	if prog != nil && prog.stop() {
+		r.shown = true
+	}
+	return err
+}
+
+// restartSession starts a new session for a waiter whose session ended,
+// trying again until ctx ends: etcd may be out of reach for a while.
+func (r *lockRun) restartSession(ctx context.Context) error {
+	const maxBackoff = 5 * time.Second
+	backoff := 100 * time.Millisecond
+	said := ""
+	for {
+		err := r.startSession(ctx)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if msg := detail(err); msg != said {
+			fmt.Fprintf(r.stderr, "etcdlock: %s; trying again\n", msg)
+			said = msg
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// describeHolder names the holder of the lock, and how many wait, for a
+// message; "" if that cannot be read within --command-timeout.
+func (r *lockRun) describeHolder() string {
+	ctx, cancel := context.WithTimeout(context.Background(), r.conn.commandTimeout)
 	defer cancel()
-	q, err := readQueue(ctx, cli, name, true, false)
+	q, err := readQueue(ctx, r.cli, r.name, true, false)
 	if err != nil || len(q.Entries) == 0 {
 		return ""
 	}
@@ -203,44 +382,56 @@ func describeHolder(cli *clientv3.Client, name string) string {
 	return s
 }
 
-// release unlocks m with a bounded context; if that fails, the session's
-// Close revokes the lease, and with it the lock.
-func release(m *etcdlock.Mutex) error {
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+// release unlocks the Mutex within --command-timeout; if that fails,
+// endSession revokes the lease, and with it the lock.
+func (r *lockRun) release() error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.conn.commandTimeout)
 	defer cancel()
-	return m.Unlock(ctx)
+	err := r.m.Unlock(ctx)
+	if errors.Is(err, etcdlock.ErrLockLost) {
+		r.lost = true
+	}
+	return err
 }
 
-// runLocked runs cmd while m is held, passing signals from sigc on to it,
-// and stops it if the lock is lost. It releases m when cmd exits, and
+// runLocked runs cmd while the lock is held, passing signals on to it, and
+// stops it if the lock is lost. It releases the lock when cmd exits, and
 // returns cmd's exit code as an exitError, or exitLost.
-func runLocked(cli *clientv3.Client, s *etcdlock.Session, m *etcdlock.Mutex, cmd *exec.Cmd, name string, grace time.Duration, sigc <-chan os.Signal, stdout, stderr io.Writer) error {
+func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer) error {
 	acquired := time.Now()
+	m, name, stderr := r.m, r.name, r.stderr
 	lost := m.Done() // starts watching the hold now, before CMD runs
 	cmdName := filepath.Base(cmd.Args[0])
 	token := strconv.FormatInt(m.Token(), 10)
+	// etcdctl's ETCD_LOCK_REV is the revision of the response that showed
+	// the lock was ours (concurrency.Mutex.Header), not the key's create
+	// revision: scripts that mix both tools compare them.
+	grantRev := strconv.FormatInt(m.Header().Revision, 10)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	cmd.Env = append(os.Environ(),
 		"ETCDLOCK_NAME="+name,
 		"ETCDLOCK_KEY="+m.Key(),
 		"ETCDLOCK_TOKEN="+token,
-		"ETCDLOCK_LEASE="+fmt.Sprintf("%x", int64(s.Lease())),
+		"ETCDLOCK_LEASE="+fmt.Sprintf("%x", int64(r.s.Lease())),
 		"ETCD_LOCK_KEY="+m.Key(),
-		"ETCD_LOCK_REV="+token,
+		"ETCD_LOCK_REV="+grantRev,
 	)
 	group := !interactive()
 	if group {
 		ownGroup(cmd)
 	}
 	if err := cmd.Start(); err != nil {
-		release(m)
+		r.release()
 		return cmdErr(cmd.Args[0], err)
 	}
 
+	// A loss cancels the record: nothing may delay the exit then.
+	rctx, stopRecord := context.WithTimeout(context.Background(), r.conn.commandTimeout)
+	defer stopRecord()
 	recorded := make(chan struct{})
 	go func() {
 		defer close(recorded)
-		recordHolder(cli, m, acquired, cmdName)
+		recordHolder(rctx, r.cli, m, acquired, cmdName)
 	}()
 	waitc := make(chan error, 1)
 	go func() { waitc <- cmd.Wait() }()
@@ -254,10 +445,12 @@ loop:
 			break loop
 		case <-lost:
 			lost = nil
+			r.lost = true
+			stopRecord()
 			if lostErr = m.Err(); lostErr == nil {
 				lostErr = etcdlock.ErrLockLost
 			}
-			fmt.Fprintf(stderr, "etcdlock: lost lock %q while %s ran (%s); sending it SIGTERM\n", name, cmdName, oneLine(lostErr.Error()))
+			fmt.Fprintf(stderr, "etcdlock: lost lock %q while %s ran (%s); sending it SIGTERM\n", name, cmdName, detail(lostErr))
 			signalCmd(cmd, sigTERM, group)
 			t := time.NewTimer(grace)
 			defer t.Stop()
@@ -266,7 +459,7 @@ loop:
 			killc = nil
 			fmt.Fprintf(stderr, "etcdlock: %s still runs %v after SIGTERM; sending it SIGKILL\n", cmdName, grace)
 			signalCmd(cmd, sigKILL, group)
-		case sig := <-sigc:
+		case sig := <-r.sigc:
 			if !group && sig == os.Interrupt {
 				continue // the terminal sent it to CMD as well
 			}
@@ -280,33 +473,72 @@ loop:
 	if waitErr == nil || errors.As(waitErr, &ee) {
 		code = exitStatus(cmd.ProcessState)
 	}
-	uerr := release(m)
-	switch {
-	case lostErr != nil:
+	if lostErr != nil {
+		// No Unlock: the key is gone, or goes with the lease, which
+		// endSession revokes if etcd answers within a second.
 		return failf(exitLost, "lock %q was lost while %s ran; %s exited with status %d", name, cmdName, cmdName, code)
+	}
+	uerr := r.release()
+	switch {
 	case errors.Is(uerr, etcdlock.ErrLockLost):
-		return failf(exitLost, "lock %q was found lost when %s exited (%s): it may have run without the lock", name, cmdName, oneLine(uerr.Error()))
+		return failf(exitLost, "lock %q was found lost when %s exited (%s): it may have run without the lock", name, cmdName, detail(uerr))
 	case uerr != nil:
-		fmt.Fprintf(stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", name, oneLine(uerr.Error()))
+		fmt.Fprintf(stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", name, detail(uerr))
 	case waitErr != nil && ee == nil:
 		return fmt.Errorf("wait for %s: %w", cmdName, waitErr)
 	}
 	return exitWith(code)
 }
 
+// hold keeps the lock until a signal, as 'etcdctl lock NAME' does, after
+// printing its key on stdout. It returns nil once the lock is released, or
+// exitLost as soon as it is lost.
+func (r *lockRun) hold(stdout io.Writer) error {
+	acquired := time.Now()
+	lost := r.m.Done()
+	fmt.Fprintln(stdout, r.m.Key())
+	rctx, stopRecord := context.WithTimeout(context.Background(), r.conn.commandTimeout)
+	defer stopRecord()
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		recordHolder(rctx, r.cli, r.m, acquired, "")
+	}()
+
+	select {
+	case <-lost:
+		r.lost = true
+		stopRecord()
+		<-recorded
+		err := r.m.Err()
+		if err == nil {
+			err = etcdlock.ErrLockLost
+		}
+		return failf(exitLost, "lost lock %q while holding it (%s)", r.name, detail(err))
+	case <-r.sigc:
+		stopRecord()
+		<-recorded
+	}
+	switch err := r.release(); {
+	case errors.Is(err, etcdlock.ErrLockLost):
+		return failf(exitLost, "lock %q was found lost when released (%s)", r.name, detail(err))
+	case err != nil:
+		fmt.Fprintf(r.stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", r.name, detail(err))
+	}
+	return nil
+}
+
 // recordHolder writes who holds m, and since when, into its key for
 // status. The write is guarded by IsOwner, so it never touches a key of a
 // later hold, and keeps the key's lease; the key's create revision, its
 // place and token, stays as it is. Waiters watch for deletes only. It is
-// best effort: status says "unknown" without it.
-func recordHolder(cli *clientv3.Client, m *etcdlock.Mutex, since time.Time, cmdName string) {
+// best effort, within ctx: status says "unknown" without it.
+func recordHolder(ctx context.Context, cli *clientv3.Client, m *etcdlock.Mutex, since time.Time, cmdName string) {
 	host, _ := os.Hostname()
 	rec, err := json.Marshal(holderRecord{Since: since.UTC(), Host: host, PID: os.Getpid(), Command: cmdName})
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
-	defer cancel()
 	_, _ = cli.Txn(ctx).
 		If(m.IsOwner()).
 		Then(clientv3.OpPut(m.Key(), string(rec), clientv3.WithIgnoreLease())).

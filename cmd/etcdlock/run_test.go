@@ -3,15 +3,19 @@
 package main
 
 import (
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -21,7 +25,7 @@ func TestHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"-h"}, {"help"},
 		{"run", "--help"}, {"help", "run"},
-		{"status", "-h"}, {"demo", "--help"},
+		{"status", "-h"}, {"demo", "--help"}, {"help", "version"},
 	} {
 		r := runProc(t, nil, args...)
 		require.Equal(t, exitOK, r.code, "%q: %s", args, r.stderr)
@@ -31,10 +35,33 @@ func TestHelp(t *testing.T) {
 	r := runProc(t, nil, "--help")
 	require.Contains(t, r.stdout, "Exit codes:")
 	require.Contains(t, r.stdout, "127      run: CMD not found")
+	// A command without flags has no flags heading.
+	r = runProc(t, nil, "help", "demo")
+	require.NotContains(t, r.stdout, "Flags")
 	r = runProc(t, nil, "run", "--help")
 	for _, want := range []string{"Exit codes:", "ETCDLOCK_TOKEN", "ETCD_LOCK_REV", "-grace", "-timeout", "-try", "-ttl", "-endpoints", "ETCDCTL_ENDPOINTS"} {
 		require.Contains(t, r.stdout, want)
 	}
+}
+
+// version reports etcdlock's module version ("devel" for the test's build
+// from the checkout), Go's, and the etcd client's, as the build recorded
+// them: the test binary is built from the same module.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	bi, ok := debug.ReadBuildInfo()
+	require.True(t, ok)
+	client := ""
+	for _, d := range bi.Deps {
+		if d.Path == "go.etcd.io/etcd/client/v3" {
+			client = d.Version
+		}
+	}
+	require.NotEmpty(t, client)
+	r := runProc(t, nil, "version")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Empty(t, r.stderr)
+	require.Equal(t, "etcdlock version: devel\nGo version: "+runtime.Version()+"\netcd client version: "+client+"\n", r.stdout)
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -52,18 +79,23 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"run", "-x", "n", "--", "true"}, "flag provided but not defined: -x"},
 		{nil, []string{"run", "n", "--bogus", "--", "true"}, "flag provided but not defined: -bogus"},
 		{nil, []string{"run"}, "missing lock NAME"},
-		{nil, []string{"run", "n"}, "missing CMD"},
-		{nil, []string{"run", "n", "--"}, "missing CMD"},
+		{nil, []string{"run", "--", "true"}, `missing lock NAME before "--"`},
+		{nil, []string{"run", "--ttl", "5s", "--", "sleep", "10"}, `missing lock NAME before "--"`},
+		{nil, []string{"run", "", "--", "true"}, "empty lock NAME"},
 		{nil, []string{"run", "--ttl", "500ms", "n", "--", "true"}, "--ttl must be at least 1s"},
 		{nil, []string{"run", "--ttl", "soon", "n", "--", "true"}, `invalid value "soon" for flag -ttl`},
 		{nil, []string{"run", "--try", "--timeout", "1s", "n", "--", "true"}, "--try and --timeout exclude each other"},
-		{nil, []string{"run", "--user", "root", "n", "--", "true"}, "has no password"},
+		{nil, []string{"run", "--user", "root", "n", "--", "true"}, `--user "root" has no password, and standard input is not a terminal to ask for it`},
+		{nil, []string{"status", "--user", "root", "n"}, "has no password"},
 		{nil, []string{"run", "--password", "pw", "n", "--", "true"}, "--password needs --user"},
 		{nil, []string{"run", "--endpoints", " , ", "n", "--", "true"}, "no etcd endpoints"},
 		{[]string{"ETCDCTL_DIAL_TIMEOUT=soon"}, []string{"run", "n", "--", "true"}, "ETCDCTL_DIAL_TIMEOUT"},
+		{nil, []string{"run", "--user", ":pw", "n", "--", "true"}, "has an empty user name"},
 		{nil, []string{"status"}, "missing lock NAME"},
+		{nil, []string{"status", ""}, "empty lock NAME"},
 		{nil, []string{"status", "n", "extra"}, `unexpected argument "extra"`},
 		{nil, []string{"demo", "extra"}, `unexpected argument "extra"`},
+		{nil, []string{"version", "extra"}, `unexpected argument "extra"`},
 	} {
 		r := runProc(t, tc.env, tc.args...)
 		require.Equal(t, exitUsage, r.code, "%q: %s", tc.args, r.stderr)
@@ -166,7 +198,11 @@ func TestEnvironment(t *testing.T) {
 	require.Equal(t, name, env["ETCDLOCK_NAME"])
 	require.Equal(t, name+"/"+env["ETCDLOCK_LEASE"], env["ETCDLOCK_KEY"])
 	require.Equal(t, env["ETCDLOCK_KEY"], env["ETCD_LOCK_KEY"])
-	require.Equal(t, env["ETCDLOCK_TOKEN"], env["ETCD_LOCK_REV"])
+	token, err := strconv.ParseInt(env["ETCDLOCK_TOKEN"], 10, 64)
+	require.NoError(t, err)
+	rev, err := strconv.ParseInt(env["ETCD_LOCK_REV"], 10, 64)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, rev, token, "granted before the key was created")
 	require.Equal(t, "kept", env["OTHER"])
 	resp, err := cli.Get(t.Context(), env["ETCDLOCK_KEY"])
 	require.NoError(t, err)
@@ -176,6 +212,56 @@ func TestEnvironment(t *testing.T) {
 	require.Equal(t, []string{env["ETCDLOCK_KEY"]}, queueKeys(t, cli, name))
 
 	p.stdin.Close() // CMD's cat ends
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	require.Empty(t, queueKeys(t, cli, name))
+}
+
+// ETCD_LOCK_REV means what etcdctl lock means by it: the revision of the
+// response that granted the lock (concurrency.Mutex.Header), at which etcd
+// shows the key first in line; ETCDLOCK_TOKEN stays the key's create
+// revision. A waiter is granted after its predecessor's key was deleted, so
+// the two differ, and a fleet mixing both tools sees one rising series.
+func TestLockRevIsGrantRevision(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holder, _ := holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	p := startProc(t, nil, "run", "--quiet", ep(), name, "--", "sh", "-c",
+		`echo "env $ETCDLOCK_KEY $ETCDLOCK_TOKEN $ETCD_LOCK_KEY $ETCD_LOCK_REV"; cat >/dev/null`)
+	key := w.next(t) // the holder's key was put before the watch
+	// Released by hand, to learn the revision of the release.
+	del, err := cli.Delete(t.Context(), holder.Key())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, del.Deleted)
+	released := del.Header.Revision
+
+	f := strings.Fields(p.stdout.waitFor(t, "env "))
+	require.Len(t, f, 5, "env line: %q", f)
+	require.Equal(t, key, f[1])
+	require.Equal(t, key, f[3])
+	token, err := strconv.ParseInt(f[2], 10, 64)
+	require.NoError(t, err)
+	rev, err := strconv.ParseInt(f[4], 10, 64)
+	require.NoError(t, err)
+
+	// What etcd says: the token is the key's create revision; the lock
+	// was granted at or after the release; at that revision the key was
+	// first in line.
+	resp, err := cli.Get(t.Context(), key)
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	require.Equal(t, resp.Kvs[0].CreateRevision, token)
+	require.Less(t, token, released)
+	require.GreaterOrEqual(t, rev, released)
+	require.LessOrEqual(t, rev, resp.Header.Revision)
+	at, err := cli.Get(t.Context(), name+"/", clientv3.WithPrefix(), clientv3.WithRev(rev),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly())
+	require.NoError(t, err)
+	require.NotEmpty(t, at.Kvs)
+	require.Equal(t, key, string(at.Kvs[0].Key), "not first in line at ETCD_LOCK_REV %d", rev)
+
+	p.stdin.Close()
 	require.Equal(t, 0, p.wait(t), p.stderr.String())
 	require.Empty(t, queueKeys(t, cli, name))
 }
@@ -287,6 +373,46 @@ wait
 	require.Contains(t, stderr, "exited with status 137")
 }
 
+// With etcd out of reach, the lock is lost when the lease can no longer
+// be renewed in time: CMD is stopped, and etcdlock exits soon after, not
+// after an Unlock and a revoke that cannot succeed (it took 13s more with
+// --ttl 3s). The lease expires on its own; etcd then deletes the key.
+func TestLostLockExitsPromptly(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	const ttl = 3 * time.Second
+	px := etcdtest.NewProxy(t, endpoint)
+	script := writeScript(t, t.TempDir(), "cmd.sh", `trap 'echo "got TERM"; exit 0' TERM
+sh -c 'echo "child ready"; exec sleep 30' &
+echo "started $ETCDLOCK_KEY"
+wait
+`)
+	p := startProc(t, nil, "run", "--ttl", "3", "--endpoints="+px.URL(), name, "--", script)
+	key := strings.Fields(p.stdout.waitFor(t, "started"))[1]
+	p.stdout.waitFor(t, "child ready")
+	kv := waitRecorded(t, cli, key) // nothing of the run is in flight
+	deleted := cli.Watch(t.Context(), key, clientv3.WithRev(kv.ModRevision+1), clientv3.WithFilterPut())
+
+	px.Cut()
+	cut := time.Now()
+	require.Equal(t, exitLost, p.wait(t), p.stderr.String())
+	took := time.Since(cut)
+	t.Logf("etcdlock exited %v after the cut", took)
+	require.Less(t, took, ttl+3*time.Second, "etcdlock lingered after the loss")
+	require.Contains(t, p.stdout.String(), "got TERM")
+	stderr := p.stderr.String()
+	require.Contains(t, stderr, "etcdlock: lost lock")
+	require.Contains(t, stderr, "not renewed within its TTL")
+
+	select {
+	case wr := <-deleted:
+		require.NoError(t, wr.Err())
+	case <-time.After(procTimeout):
+		t.Fatal("the lost holder's key was not deleted when its lease expired")
+	}
+}
+
 // A holder paused longer than its TTL (here by SIGSTOP) finds, when it
 // resumes, that its lease cannot have been renewed in time: it stops CMD
 // at once, which ran on meanwhile without the lock.
@@ -380,6 +506,182 @@ wait
 	}
 }
 
+// Without CMD, run prints the key once it holds the lock, and holds it
+// until SIGINT or SIGTERM, as 'etcdctl lock NAME' does; then it releases
+// the lock and exits 0.
+func TestHoldWithoutCmd(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		args []string
+	}{
+		{syscall.SIGINT, nil},
+		{syscall.SIGTERM, []string{"--"}},
+	} {
+		name := lockName(t) + "/" + tc.sig.String()
+		p := startProc(t, nil, append([]string{"run", ep(), name}, tc.args...)...)
+		key := p.stdout.waitFor(t, name+"/")
+		require.Equal(t, []string{key}, queueKeys(t, cli, name))
+		kv := waitRecorded(t, cli, key)
+		var rec holderRecord
+		require.NoError(t, json.Unmarshal(kv.Value, &rec))
+		require.Equal(t, p.cmd.Process.Pid, rec.PID)
+		require.Empty(t, rec.Command)
+
+		// Held: a waiter queues behind it and does not get the lock.
+		w := watchQueue(t, cli, name)
+		next := startWaiter(t, cli, name)
+		require.Equal(t, next.m.Key(), w.next(t))
+		select {
+		case <-next.finished:
+			t.Fatalf("the waiter got the lock while run held it: %v", next.err)
+		default:
+		}
+
+		require.NoError(t, p.cmd.Process.Signal(tc.sig))
+		require.Equal(t, 0, p.wait(t), p.stderr.String())
+		require.Equal(t, key+"\n", p.stdout.String())
+		require.Empty(t, p.stderr.String())
+		next.unlock(t)
+		require.Empty(t, queueKeys(t, cli, name))
+	}
+}
+
+// Holding without CMD, a lost lock ends run at once with the lost code.
+func TestHoldWithoutCmdLost(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	p := startProc(t, nil, "run", ep(), name)
+	key := p.stdout.waitFor(t, name+"/")
+	_, err := cli.Delete(t.Context(), key)
+	require.NoError(t, err)
+	require.Equal(t, exitLost, p.wait(t), p.stderr.String())
+	requireOneLineError(t, result{stderr: p.stderr.String()}, `etcdlock: lost lock "`+name+`" while holding it (lock was lost: key `+key+` was deleted)`)
+}
+
+// leaseOf returns the lease ID of a lock key NAME/<lease ID in hex>.
+func leaseOf(t *testing.T, key string) clientv3.LeaseID {
+	t.Helper()
+	id, err := strconv.ParseInt(key[strings.LastIndex(key, "/")+1:], 16, 64)
+	require.NoError(t, err)
+	return clientv3.LeaseID(id)
+}
+
+// A waiter whose session ends (here its lease is revoked; in a leader
+// election renewals fail while etcd keeps the lease) does not give up: it
+// rejoins the queue with a new session, at the back, says so, and runs CMD
+// in its new turn. Its old key is gone.
+func TestWaiterRejoins(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holder, _ := holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	p := startProc(t, nil, "run", ep(), name, "--", "sh", "-c", `echo "ran $ETCDLOCK_KEY"`)
+	first := w.next(t) // the holder's key was put before the watch
+	other := startWaiter(t, cli, name)
+	require.Equal(t, other.m.Key(), w.next(t))
+
+	_, err := cli.Revoke(t.Context(), leaseOf(t, first))
+	require.NoError(t, err)
+	second := w.next(t)
+	require.NotEqual(t, first, second)
+	line := p.stderr.waitFor(t, `etcdlock: left the queue of lock "`+name+`": `)
+	require.Contains(t, line, "session expired")
+	require.True(t, strings.HasSuffix(line, "; rejoining at the back with a new session"), line)
+	// At the back, behind the waiter that was behind it; the old key is
+	// gone with its lease.
+	require.Equal(t, []string{holder.Key(), other.m.Key(), second}, queueKeys(t, cli, name))
+
+	require.NoError(t, holder.Unlock(t.Context()))
+	other.unlock(t)
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	t.Logf("stderr:\n%s", p.stderr)
+	require.Equal(t, "ran "+second+"\n", p.stdout.String())
+	require.Empty(t, queueKeys(t, cli, name))
+}
+
+// The case of the issue: etcd answers late (a leader election, a frozen
+// leader), so the waiter cannot confirm its renewals and its session ends,
+// while etcd, which got the renewals in time, keeps the lease. The waiter
+// rejoins, and runs CMD once answers come in time again.
+func TestWaiterRejoinsAfterFalseAlarm(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holder, _ := holdLock(t, cli, name)
+	px := etcdtest.NewProxy(t, endpoint)
+	w := watchQueue(t, cli, name)
+	p := startProc(t, nil, "run", "--quiet", "--ttl", "2", "--endpoints="+px.URL(), name, "--", "sh", "-c", `echo "ran $ETCDLOCK_KEY"`)
+	first := w.next(t)
+
+	px.DelayAnswers(3 * time.Second) // longer than the TTL
+	p.stderr.waitFor(t, "rejoining at the back with a new session")
+	px.DelayAnswers(0)
+	second := w.next(t)
+	require.NotEqual(t, first, second)
+
+	require.NoError(t, holder.Unlock(t.Context()))
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	t.Logf("stderr:\n%s", p.stderr)
+	require.Contains(t, p.stdout.String(), "ran "+name+"/")
+	require.Empty(t, queueKeys(t, cli, name))
+}
+
+// A waiter whose key is deleted while its session lives rejoins at the
+// back with the same session.
+func TestWaiterRejoinsAfterKeyDeleted(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holder, _ := holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	p := startProc(t, nil, "run", "--quiet", ep(), name, "--", "sh", "-c", `echo "ran $ETCDLOCK_KEY"`)
+	key := w.next(t)
+	other := startWaiter(t, cli, name)
+	require.Equal(t, other.m.Key(), w.next(t))
+
+	_, err := cli.Delete(t.Context(), key)
+	require.NoError(t, err)
+	require.Equal(t, key, w.next(t), "not put again")
+	line := p.stderr.waitFor(t, `etcdlock: left the queue of lock "`+name+`": `)
+	require.Contains(t, line, "deleted")
+	require.True(t, strings.HasSuffix(line, "; rejoining at the back"), line)
+	require.Equal(t, []string{holder.Key(), other.m.Key(), key}, queueKeys(t, cli, name))
+
+	require.NoError(t, holder.Unlock(t.Context()))
+	other.unlock(t)
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	require.Equal(t, "ran "+key+"\n", p.stdout.String())
+}
+
+// --timeout counts from the first join: a rejoin does not restart it.
+func TestRejoinKeepsTimeout(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	const timeout = 6 * time.Second
+	holdLock(t, cli, name)
+	w := watchQueue(t, cli, name)
+	p := startProc(t, nil, "run", "--timeout", "6", ep(), name, "--", "echo", "ran")
+	key := w.next(t)
+	// Let half of the timeout pass before the waiter loses its place.
+	<-time.After(timeout / 2)
+	_, err := cli.Revoke(t.Context(), leaseOf(t, key))
+	require.NoError(t, err)
+	revoked := time.Now()
+	p.stderr.waitFor(t, "rejoining at the back with a new session")
+	w.next(t)
+
+	require.Equal(t, exitTimeout, p.wait(t), p.stderr.String())
+	require.Less(t, time.Since(revoked), timeout-time.Second, "the rejoin restarted --timeout")
+	require.Contains(t, p.stderr.String(), "etcdlock: timed out after 6s waiting for lock")
+	require.Empty(t, p.stdout.String())
+	require.Len(t, queueKeys(t, cli, name), 1, "a waiter's key is left")
+}
+
 // Runs on one lock never overlap and get the lock in the order they
 // queued.
 func TestRunsInOrderWithoutOverlap(t *testing.T) {
@@ -389,7 +691,7 @@ func TestRunsInOrderWithoutOverlap(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "log")
 	// The pause widens the window in which an overlap would show.
-	step := writeScript(t, dir, "step.sh", `echo "start $1 $ETCDLOCK_TOKEN" >> "$2"
+	step := writeScript(t, dir, "step.sh", `echo "start $1 $ETCDLOCK_TOKEN $ETCD_LOCK_REV" >> "$2"
 sleep 0.2
 echo "end $1" >> "$2"
 `)
@@ -409,15 +711,18 @@ echo "end $1" >> "$2"
 	data, err := os.ReadFile(log)
 	require.NoError(t, err)
 	var got []string
-	last := int64(0)
+	lastToken, lastRev := int64(0), int64(0)
 	for line := range strings.Lines(string(data)) {
 		f := strings.Fields(line)
 		got = append(got, f[0]+" "+f[1])
 		if f[0] == "start" {
 			token, err := strconv.ParseInt(f[2], 10, 64)
 			require.NoError(t, err)
-			require.Greater(t, token, last, "tokens must rise")
-			last = token
+			require.Greater(t, token, lastToken, "tokens must rise")
+			rev, err := strconv.ParseInt(f[3], 10, 64)
+			require.NoError(t, err)
+			require.Greater(t, rev, lastRev, "ETCD_LOCK_REV must rise")
+			lastToken, lastRev = token, rev
 		}
 	}
 	require.Equal(t, []string{"start A", "end A", "start B", "end B", "start C", "end C", "start D", "end D"}, got)

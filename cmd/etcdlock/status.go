@@ -3,17 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// requestTimeout bounds the reads of status.
-const requestTimeout = 10 * time.Second
 
 const statusHelp = `Usage: etcdlock status [flags] NAME
 
@@ -137,17 +136,20 @@ type waiterJSON struct {
 	Token    int64  `json:"token"` // create revision: the token if it gets the lock
 }
 
-func cmdStatus(args []string, stdout io.Writer) error {
+func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("status")
 	var conn connFlags
 	conn.register(fs)
 	jsonOut := fs.Bool("json", false, "print JSON")
-	pos, rest, err := parseArgs(fs, args, 1, statusHelp, stdout)
+	pos, rest, _, err := parseArgs(fs, args, 1, statusHelp, stdout)
 	if err != nil {
 		return err
 	}
-	if len(pos) == 0 {
+	switch {
+	case len(pos) == 0:
 		return usageErr("status", "missing lock NAME")
+	case pos[0] == "":
+		return usageErr("status", "empty lock NAME")
 	}
 	if len(rest) > 0 {
 		return usageErr("status", "unexpected argument %q after NAME", rest[0])
@@ -155,19 +157,25 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	if err := setupConn(fs, &conn, "status"); err != nil {
 		return err
 	}
+	if err := conn.askPassword("status", os.Stdin, stderr); err != nil {
+		return err
+	}
 	name := pos[0]
 
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout+conn.dialTimeout)
-	defer cancel()
-	cli, err := conn.connect(ctx, name+"/")
+	cli, err := conn.connect(context.Background(), name+"/")
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
 
+	ctx, cancel := context.WithTimeout(context.Background(), conn.commandTimeout)
+	defer cancel()
 	st, err := readStatus(ctx, cli, name)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("read lock %q: no answer from etcd within %v (--command-timeout)", name, conn.commandTimeout)
+	}
 	if err != nil {
-		return fmt.Errorf("read lock %q: %w", name, err)
+		return fmt.Errorf("read lock %q: %w", name, conn.explain(err, "read the keys with prefix", name+"/"))
 	}
 	if *jsonOut {
 		enc := json.NewEncoder(stdout)
