@@ -15,22 +15,25 @@ import (
 // end when the session ends: at Close (at once, the lease is revoked), or
 // TTL after the process stops renewing (it died, was paused, or lost etcd).
 //
-// The session renews its lease every TTL/3. It counts the lease's life from
-// the moment each renewal was sent, because etcd extends the lease only when
-// it receives the request: the lease lives at least until send time + TTL,
-// and an answer that arrives late proves nothing newer. When that deadline,
-// less a small margin, passes without a newer confirmed renewal, the session
-// ends on its own and Done is closed: before etcd can expire the lease and
-// hand this session's locks to anyone else.
+// The session renews its lease every TTL/3, on one LeaseKeepAlive stream
+// that all the sessions of its client share (see keeper). It counts the
+// lease's life from the moment each renewal was sent, because etcd extends
+// the lease only when it receives the request: the lease lives at least
+// until send time + TTL, and an answer that arrives late proves nothing
+// newer. When that deadline, less a small margin, passes without a newer
+// confirmed renewal, the session ends on its own and Done is closed:
+// before etcd can expire the lease and hand this session's locks to anyone
+// else.
 //
 // A Session is safe for concurrent use. A lease must never be used by two
 // processes at once (see WithLease): locks of one session share the key
 // name/<lease> and exclude each other only inside one process.
 type Session struct {
-	cli   *clientv3.Client
-	id    clientv3.LeaseID
-	ttl   time.Duration // TTL etcd granted
-	donec chan struct{} // closed when the session ends
+	cli    *clientv3.Client
+	keeper *keeper // renews the lease, on the stream shared by cli's sessions
+	id     clientv3.LeaseID
+	ttl    time.Duration // TTL etcd granted
+	donec  chan struct{} // closed when the session ends
 
 	// endCtx is cancelled when the session ends, with the reason as cause,
 	// so that RPCs made for the session's locks stop with it.
@@ -114,6 +117,7 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		endCtx:    endCtx,
 		endCancel: endCancel,
 		cli:       cli,
+		keeper:    acquireKeeper(cli),
 		id:        id,
 		ttl:       ttl,
 		donec:     make(chan struct{}),
@@ -277,6 +281,7 @@ func (s *Session) expiryMargin() time.Duration {
 // unwatch is called as it returns.
 func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 	defer close(s.loopDone)
+	defer s.keeper.release()
 	defer unwatch()
 	interval := s.ttl / 3
 	retry := min(interval, 500*time.Millisecond)
@@ -309,25 +314,25 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 			expire.Stop()
 		}
 
-		sent := time.Now()
 		// The renewal may take no longer than the lease's known life: past
 		// that, its answer could not save the session anyway.
 		rctx, cancel := context.WithDeadline(ctx, giveUp)
-		resp, err := s.cli.KeepAliveOnce(rctx, s.id)
+		sent, ttl, err := s.keeper.renew(rctx, s.id)
 		cancel()
 		switch {
-		case err == nil:
+		case err == nil && ttl > 0:
 			s.mu.Lock()
-			if d := sent.Add(time.Duration(resp.TTL) * time.Second); d.After(s.deadline) {
+			if d := sent.Add(time.Duration(ttl) * time.Second); d.After(s.deadline) {
 				s.deadline = d
 			}
 			s.mu.Unlock()
 			next.Reset(max(0, interval-time.Since(sent)))
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		case err == nil: // etcd answers TTL 0 or less for a lease it does not have
 			s.lost()
 			return
 		default:
-			// etcd unreachable or busy: try again soon, until the deadline.
+			// etcd unreachable or busy, or the stream broke: try again
+			// soon, until the deadline.
 			next.Reset(retry)
 		}
 	}
