@@ -219,6 +219,20 @@ func (c *Cluster) Endpoints() []string {
 	return eps
 }
 
+// PIDs returns the process ID of each member, 0 for a member that is
+// stopped: for reading a member's CPU time, for instance.
+func (c *Cluster) PIDs() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pids := make([]int, len(c.members))
+	for i, m := range c.members {
+		if m.proc != nil {
+			pids[i] = m.proc.cmd.Process.Pid
+		}
+	}
+	return pids
+}
+
 // Endpoint returns the client URL of member i.
 func (c *Cluster) Endpoint(i int) string { return c.Endpoints()[i] }
 
