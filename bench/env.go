@@ -51,6 +51,9 @@ func (e *Env) Close() {
 // ServerVersion returns the version of the etcd server, such as "3.7.3".
 func (e *Env) ServerVersion() string { return e.cluster.Version() }
 
+// ServerPIDs returns the process ID of each member (0 if stopped).
+func (e *Env) ServerPIDs() []int { return e.cluster.PIDs() }
+
 // Members returns the number of members of the cluster.
 func (e *Env) Members() int { return e.cluster.Size() }
 
@@ -107,21 +110,44 @@ const keepAliveMethod = "/etcdserverpb.Lease/LeaseKeepAlive"
 
 // rpcCount counts the RPCs of a scenario's clients: etcdtest's counter of
 // unary calls and streams opened, plus, apart, how many of those streams
-// were lease keepalives (etcdlock's Session opens one per renewal; etcd's
-// sends renewals on one stream per client).
+// were lease keepalives (both etcdlock's sessions and etcd's send their
+// renewals on one stream per client).
+//
+// It also counts the keepalive requests sent on those streams: the
+// renewals, whichever way they are sent.
 type rpcCount struct {
 	all       etcdtest.RPCCounter
 	keepAlive atomic.Int64
+	renewals  atomic.Int64
 }
 
 func (c *rpcCount) dialOptions() []grpc.DialOption {
 	return append(c.all.DialOptions(),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			if method == keepAliveMethod {
-				c.keepAlive.Add(1)
+			if method != keepAliveMethod {
+				return streamer(ctx, desc, cc, method, opts...)
 			}
-			return streamer(ctx, desc, cc, method, opts...)
+			c.keepAlive.Add(1)
+			cs, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil {
+				return nil, err
+			}
+			return &renewalStream{ClientStream: cs, n: &c.renewals}, nil
 		}))
+}
+
+// renewalStream counts the requests sent on a keepalive stream.
+type renewalStream struct {
+	grpc.ClientStream
+	n *atomic.Int64
+}
+
+func (s *renewalStream) SendMsg(m any) error {
+	err := s.ClientStream.SendMsg(m)
+	if err == nil {
+		s.n.Add(1)
+	}
+	return err
 }
 
 // clients are the counted clients of one scenario run.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/etcdlock/etcdlock"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -23,6 +24,9 @@ type Impl struct {
 	Name string
 	// NewSession grants a lease on cli and keeps it alive until Close.
 	NewSession func(ctx context.Context, cli *clientv3.Client) (Session, error)
+	// NewSessionTTL is NewSession with a lease TTL of ttl (whole seconds)
+	// instead of the implementation's default.
+	NewSessionTTL func(ctx context.Context, cli *clientv3.Client, ttl time.Duration) (Session, error)
 }
 
 // A Session is an implementation's session: a lease kept alive.
@@ -50,6 +54,13 @@ var Etcdlock = Impl{
 		}
 		return etcdlockSession{s}, nil
 	},
+	NewSessionTTL: func(ctx context.Context, cli *clientv3.Client, ttl time.Duration) (Session, error) {
+		s, err := etcdlock.NewSession(cli, etcdlock.WithContext(ctx), etcdlock.WithTTL(ttl))
+		if err != nil {
+			return nil, err
+		}
+		return etcdlockSession{s}, nil
+	},
 }
 
 // Etcd is etcd's concurrency.Mutex, with default session options.
@@ -57,6 +68,13 @@ var Etcd = Impl{
 	Name: "etcd",
 	NewSession: func(ctx context.Context, cli *clientv3.Client) (Session, error) {
 		s, err := concurrency.NewSession(cli, concurrency.WithContext(ctx))
+		if err != nil {
+			return nil, err
+		}
+		return etcdSession{s}, nil
+	},
+	NewSessionTTL: func(ctx context.Context, cli *clientv3.Client, ttl time.Duration) (Session, error) {
+		s, err := concurrency.NewSession(cli, concurrency.WithContext(ctx), concurrency.WithTTL(int((ttl+time.Second-1)/time.Second)))
 		if err != nil {
 			return nil, err
 		}
