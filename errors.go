@@ -25,6 +25,10 @@ var (
 	ErrInvalidName = errors.New("etcdlock: invalid lock name")
 	// ErrInvalidOption is returned by NewSession for an invalid option.
 	ErrInvalidOption = errors.New("etcdlock: invalid option")
+	// ErrUpgrade is returned by an RWMutex's Lock, TryLock and Do while it
+	// holds a read lock: RUnlock first (a read lock cannot become a write
+	// lock in place; writers queued behind it would be overtaken).
+	ErrUpgrade = errors.New("etcdlock: read lock cannot be upgraded")
 )
 
 // prefix starts the message of every error of this package, exactly once.
