@@ -12,3 +12,7 @@ func SetTestHookWait(m *Mutex, f func(pred string)) {
 func SetTestHookWaitKeys(l interface{ self() *queue }, f func(keys []string)) {
 	l.self().testHookWait = f
 }
+
+// Hooked is what SetTestHookWaitKeys accepts: a Mutex, RWMutex or
+// Semaphore.
+type Hooked = interface{ self() *queue }
