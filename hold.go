@@ -15,7 +15,7 @@ import (
 // loss.
 type hold struct {
 	rev     int64              // create revision of the key: the token
-	mode    KeyMode            // what the key asks for
+	mode    KeyMode            // what the key asks for; guarded by queue.mu (Downgrade changes it)
 	hdr     *pb.ResponseHeader // response that showed the lock was ours
 	release func()             // gives back the session-local right to the name
 	done    chan struct{}      // closed when the hold ends
@@ -32,7 +32,8 @@ type hold struct {
 	// Unlock's state, guarded by queue.mu. Once an Unlock attempt is sent,
 	// the key may vanish by Unlock's own doing: from then on a vanished
 	// key is no longer evidence of a loss.
-	unlocking     bool  // an Unlock call is under way; another gets ErrLockReleased
+	unlocking     bool  // an Unlock or Downgrade call is under way; another gets ErrLockReleased
+	modeUnknown   bool  // a Downgrade's outcome is unknown: Unlock and RUnlock both release
 	sent          bool  // an Unlock attempt was sent
 	lostBefore    error // the loss known when the first attempt was sent, or nil
 	maybeDeleted  bool  // an attempt whose outcome is unknown was sent: its delete may have been applied

@@ -425,9 +425,9 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		q.mu.Unlock()
 		return ErrLockReleased
 	}
-	if match != nil && !match(h.mode) {
+	if match != nil && !match(h.mode) && !h.modeUnknown {
 		q.mu.Unlock()
-		return errorf("%w: %s of a %s hold", ErrLockReleased, op, h.mode)
+		return errorf("%w: %s of a hold in mode %s", ErrLockReleased, op, h.mode)
 	}
 	if !h.sent {
 		// What is known when Unlock begins; nothing later is a loss
@@ -701,6 +701,7 @@ func (q *queue) retryable(ctx context.Context, err error) bool {
 // prefix (key == pfx) when the waiter has more than maxWatched blockers.
 type blockerWatch struct {
 	key    string
+	mode   KeyMode // the blocker's mode when it was read
 	ch     clientv3.WatchChan
 	cancel context.CancelFunc
 }
@@ -742,7 +743,7 @@ func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, readR
 	watchedFrom := ownRev
 	for {
 		keys := q.watched(blockers)
-		if err := q.rewatch(wctx, watches, keys, &watchedFrom); err != nil {
+		if err := q.rewatch(wctx, me, watches, blockers, keys, &watchedFrom); err != nil {
 			return nil, err
 		}
 		// The watches deliver events after the revision at which they were
@@ -784,11 +785,18 @@ func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, readR
 	}
 }
 
-// rewatch makes watches watch exactly keys: it cancels the watches of keys
-// no longer wanted and opens the new ones concurrently (a Semaphore's
-// waiter can have several), and raises *from to the latest revision at
-// which one was created.
-func (q *queue) rewatch(ctx context.Context, watches map[string]*blockerWatch, keys []string, from *int64) error {
+// rewatch makes watches watch exactly keys (of blockers): it cancels the
+// watches of keys no longer wanted and opens the new ones concurrently (a
+// Semaphore's waiter can have several), and raises *from to the latest
+// revision at which one was created.
+//
+// Watches see deletions only, except a reader's: its blocker, a write
+// lock, may become a read lock in place (Downgrade), which admits it.
+func (q *queue) rewatch(ctx context.Context, me entry, watches map[string]*blockerWatch, blockers []entry, keys []string, from *int64) error {
+	modes := make(map[string]KeyMode, len(blockers))
+	for _, b := range blockers {
+		modes[b.key] = b.mode
+	}
 	want := make(map[string]bool, len(keys))
 	for _, k := range keys {
 		want[k] = true
@@ -804,12 +812,15 @@ func (q *queue) rewatch(ctx context.Context, watches map[string]*blockerWatch, k
 		if watches[k] != nil {
 			continue
 		}
-		opts := []clientv3.OpOption{clientv3.WithFilterPut(), clientv3.WithCreatedNotify()}
-		if k == q.pfx {
-			opts = append(opts, clientv3.WithPrefix(), clientv3.WithPrevKV())
+		opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+		switch {
+		case k == q.pfx:
+			opts = append(opts, clientv3.WithFilterPut(), clientv3.WithPrefix(), clientv3.WithPrevKV())
+		case !me.mode.Shared:
+			opts = append(opts, clientv3.WithFilterPut())
 		}
 		wctx, cancel := context.WithCancel(ctx)
-		w := &blockerWatch{key: k, ch: q.s.cli.Watch(wctx, k, opts...), cancel: cancel}
+		w := &blockerWatch{key: k, mode: modes[k], ch: q.s.cli.Watch(wctx, k, opts...), cancel: cancel}
 		watches[k] = w
 		opened = append(opened, w)
 	}
@@ -849,9 +860,10 @@ func (q *queue) openWatch(ctx context.Context, key string) (clientv3.WatchChan, 
 	return ch, wr.Header.Revision, nil
 }
 
-// waitDelete returns the revision of the first deletion of a blocker seen
-// after readRev, when all were seen alive. It returns lostWhileWaiting's
-// error when own (the waiter's own key) is deleted.
+// waitDelete returns the revision of the first deletion of a blocker (or
+// change of its mode) seen after readRev, when all were seen alive. It
+// returns lostWhileWaiting's error when own (the waiter's own key) is
+// deleted.
 func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan, watches map[string]*blockerWatch, readRev int64) (int64, error) {
 	// The common case, a Mutex's single blocker, needs no reflection.
 	var cases []reflect.SelectCase
@@ -902,7 +914,15 @@ func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan
 			// A watch from "now" starts at the serving member's revision,
 			// which may lag behind readRev: a deletion at or before readRev
 			// is of an earlier key of the same name, replayed.
-			if ev.Type != mvccpb.DELETE || ev.Kv.ModRevision <= readRev {
+			if ev.Kv.ModRevision <= readRev {
+				continue
+			}
+			if ev.Type == mvccpb.PUT {
+				// Only a reader sees Puts: a Downgrade changes the mode;
+				// WithMaxHold's re-binding and a holder's record do not.
+				if key != "" && key != q.pfx && ParseKeyMode(ev.Kv.Value) != watches[key].mode {
+					return ev.Kv.ModRevision, nil
+				}
 				continue
 			}
 			switch {
