@@ -173,20 +173,9 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.R
 	// K): readers behind a leftover read key may hold, and turning it
 	// exclusive at its old place would let a writer in among them. It is
 	// removed, and the key placed anew.
-	val := mode.value()
-	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
 	var resp *clientv3.TxnResponse
 	for attempt := 0; ; attempt++ {
-		wctx, cancel := q.writeCtx(ctx)
-		resp, err = q.s.cli.Txn(wctx).
-			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)).
-			Then(put, q.opQueue(mode, 0)).
-			Else(clientv3.OpTxn(
-				[]clientv3.Cmp{clientv3.Compare(clientv3.Value(q.key), "=", val)},
-				[]clientv3.Op{put, clientv3.OpGet(q.key), q.opQueue(mode, 0)},
-				[]clientv3.Op{clientv3.OpGet(q.key)})).
-			Commit()
-		cancel()
+		resp, err = q.place(ctx, mode)
 		if err != nil {
 			// The Txn may have been applied even though its answer was lost.
 			return 0, nil, q.fail(ctx, 0, q.rpcErr(err))
@@ -237,6 +226,29 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.R
 		return 0, nil, q.fail(ctx, rev, err)
 	}
 	return rev, hdr, nil
+}
+
+// place is acquire's round trip: it puts the key in mode unless this
+// session has one, and reads the newest keys of the queue. It is a
+// function of its own to keep its many Ops out of acquire's stack frame,
+// which stays on the stack while the waiter waits: with them, a waiting
+// goroutine's stack could not shrink back to its initial size.
+//
+//go:noinline
+func (q *queue) place(ctx context.Context, mode KeyMode) (*clientv3.TxnResponse, error) {
+	val := mode.value()
+	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
+	wctx, cancel := q.writeCtx(ctx)
+	defer cancel()
+	return q.s.cli.Txn(wctx).
+		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)).
+		Then(put, q.opQueue(mode, 0)).
+		Else(clientv3.OpTxn(
+			// Our leftover in the same mode keeps its place.
+			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(q.key), "=", val)},
+			[]clientv3.Op{put, clientv3.OpGet(q.key), q.opQueue(mode, 0)},
+			[]clientv3.Op{clientv3.OpGet(q.key)})).
+		Commit()
 }
 
 // opQueue reads the newest keys under the prefix, newest first, with a
