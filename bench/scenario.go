@@ -134,6 +134,22 @@ var Scenarios = []Scenario{
 			return semMutex{s.NewSemaphore(name, 4), 1}
 		}),
 	},
+	{
+		Name: "sem-fifo-100", Unit: "handoff", Short: true, N: 1, ShortN: 1,
+		Targets:  []Target{RPCsAtMost(2), ConstantMemory(1.5)},
+		Impls:    []string{Etcdlock.Name},
+		Versus:   &Ref{"fifo-50", Etcdlock.Name},
+		Baseline: "etcdlock Mutex (fifo-50)",
+		Run:      semFIFO(100, 4),
+	},
+	{
+		Name: "sem-fifo-1000", Unit: "handoff", Short: false, N: 1, ShortN: 1,
+		Targets:  []Target{RPCsAtMost(2), ConstantMemory(1.5)},
+		Impls:    []string{Etcdlock.Name},
+		Versus:   &Ref{"sem-fifo-100", Etcdlock.Name},
+		Baseline: "etcdlock Semaphore (sem-fifo-100)",
+		Run:      semFIFO(1000, 4),
+	},
 }
 
 // pair returns one iteration of an uncontended scenario: lock, then unlock.

@@ -80,6 +80,18 @@ func TestRWSemScenarios(t *testing.T) {
 	})(t.Context(), env, Etcdlock, 20, nil)
 	require.NoError(t, err)
 	require.EqualValues(t, 20, r.Ops)
+
+	r, err = semFIFO(12, 3)(t.Context(), env, Etcdlock, 1, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 12, r.Ops)
+	// A handoff deletes one key, but the window closes while up to 3
+	// waiters hold: up to 2 of them have not deleted theirs yet.
+	require.InDelta(t, 1.0, r.RevsPerOp(), 2.0/12)
+	// A release is one RPC and wakes at most capacity waiters, one check
+	// each; waiters here release in the order they happen to run, so some
+	// wakes are spurious (releasing the oldest holder wakes none).
+	require.LessOrEqual(t, r.RPCsPerOp(), 1.0+3)
+	require.NotNil(t, r.Queue)
 }
 
 // TestRWContendDetectsOverlap checks that the RWMutex contention scenario
@@ -143,4 +155,7 @@ func TestCheckOrder(t *testing.T) {
 	require.NoError(t, checkOrder([]string{"l/a", "l/b", "l/c"}, keys))
 	require.ErrorContains(t, checkOrder([]string{"l/a", "l/c", "l/b"}, keys), "FIFO order violated")
 	require.ErrorContains(t, checkOrder([]string{"l/a", "l/b"}, keys), "2 waiters got the lock, want 3")
+	require.NoError(t, checkOrderWithin([]string{"l/b", "l/a", "l/c"}, keys, 2))
+	require.ErrorContains(t, checkOrderWithin([]string{"l/c", "l/a", "l/b"}, keys, 2), "FIFO order violated")
+	require.NoError(t, checkOrderWithin([]string{"l/c", "l/a", "l/b"}, keys, 3))
 }
