@@ -444,16 +444,27 @@ func TestSemaphoreWideWindow(t *testing.T) {
 }
 
 // TestSemaphoreContention: contenders each on their own client and session
-// take permits in turns; the permits held never exceed the capacity, and
-// more than one contender is inside at times.
+// (spread over the members) take permits in turns; the permits held never
+// exceed the capacity, and more than one contender is inside at times.
 func TestSemaphoreContention(t *testing.T) {
-	const contenders, rounds, capacity = 8, 10, 3
+	testSemContention(t, cluster, 8, 10, 3)
+}
+
+func TestSemaphoreThreeMembers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-member cluster")
+	}
+	testSemContention(t, etcdtest.Start(t, 3), 6, 5, 3)
+}
+
+func testSemContention(t *testing.T, c *etcdtest.Cluster, contenders, rounds int, capacity int64) {
 	name := lockName(t)
 	var inside, maxInside atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, contenders)
 	for i := range contenders {
-		sem := etcdlock.NewSemaphore(newSession(t, newClient(t)), name, capacity)
+		cli := c.Client(t, clientv3.Config{Endpoints: []string{c.Endpoint(i % c.Size())}})
+		sem := etcdlock.NewSemaphore(newSession(t, cli), name, capacity)
 		n := int64(1 + i%2)
 		wg.Add(1)
 		go func() {
