@@ -168,8 +168,7 @@ func BenchmarkRWMutex(b *testing.B) {
 // BenchmarkSemaphore measures our Semaphore (etcd has none): Acquire+Release
 // alone, 16 contenders for 4 permits, and queues of 100 and 1000 waiters
 // for 1 of 4 permits behind a holder of all 4. It fails if more than 4 are
-// ever inside, never more than one in the contention, or a waiter is
-// admitted more than 3 places off its place in the queue.
+// ever inside, or never more than one in the contention.
 func BenchmarkSemaphore(b *testing.B) {
 	for _, name := range []string{"sem-uncontended", "sem-4x16", "sem-fifo-100", "sem-fifo-1000"} {
 		b.Run(name, func(b *testing.B) { benchScenario(b, name) })

@@ -25,9 +25,9 @@
 //     Impls is etcdlock only, and their Versus compares them with our own
 //     Mutex in uncontended and contend-16;
 //   - sem-fifo-100, sem-fifo-1000: fifo's queue of waiters for 1 of 4
-//     permits behind a holder of all 4; up to 4 hold at once, each
-//     admitted within 3 places of its place in the queue. Compared with
-//     fifo-50 and sem-fifo-100.
+//     permits behind a holder of all 4; up to 4 hold at once (the order
+//     in which holders record themselves is not checked: it is not the
+//     order of admission). Compared with fifo-50 and sem-fifo-100.
 //
 // In CI, run the benchmarks with
 //

@@ -155,7 +155,9 @@ func TestCheckOrder(t *testing.T) {
 	require.NoError(t, checkOrder([]string{"l/a", "l/b", "l/c"}, keys))
 	require.ErrorContains(t, checkOrder([]string{"l/a", "l/c", "l/b"}, keys), "FIFO order violated")
 	require.ErrorContains(t, checkOrder([]string{"l/a", "l/b"}, keys), "2 waiters got the lock, want 3")
-	require.NoError(t, checkOrderWithin([]string{"l/b", "l/a", "l/c"}, keys, 2))
-	require.ErrorContains(t, checkOrderWithin([]string{"l/c", "l/a", "l/b"}, keys, 2), "FIFO order violated")
-	require.NoError(t, checkOrderWithin([]string{"l/c", "l/a", "l/b"}, keys, 3))
+	// With several holders at once, the order recorded is not the order
+	// of admission: only that each waiter got it once is checked.
+	require.NoError(t, checkOrderWithin([]string{"l/c", "l/a", "l/b"}, keys, 2))
+	require.ErrorContains(t, checkOrderWithin([]string{"l/a", "l/a", "l/c"}, keys, 2), "not the queue's")
+	require.ErrorContains(t, checkOrderWithin([]string{"l/a", "l/c"}, keys, 2), "2 waiters got the lock, want 3")
 }
