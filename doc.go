@@ -1,16 +1,22 @@
-// Package etcdlock provides fair distributed mutexes on etcd v3.
+// Package etcdlock provides fair distributed locks on etcd v3: a Mutex, an
+// RWMutex and a weighted Semaphore, all on one queue.
 //
-// A Session holds a lease that the process keeps alive. A Mutex taken
+// A Session holds a lease that the process keeps alive. A lock taken
 // through the session puts the key name/<lease ID in hex> bound to that
 // lease (the layout of etcd's concurrency.Mutex and `etcdctl lock`, so the
-// two interoperate on one name).
+// two interoperate on one name); the key's value says what it asks for:
+// empty for exclusive (a Mutex, an RWMutex's write lock), a header for a
+// read lock or for Semaphore permits (see ParseKeyMode).
 //
-// Fair means first come, first served: the key with the oldest create
-// revision holds the lock, and the others get it in the order their keys
-// were created. Each waiter watches only the key just ahead of it, so a
-// release wakes exactly one waiter.
+// Fair means first come, first served: keys are admitted in the order they
+// were created (their create revision), and the holders are always the
+// oldest keys. A Mutex or a writer holds when nothing is ahead of it, a
+// reader when only readers are, permits when the permits ahead plus its
+// own fit the capacity. Each waiter watches only the keys whose deletion
+// can let it in: for a Mutex the key just ahead, so a release wakes
+// exactly one waiter.
 //
-// A lock ends when it is unlocked or when its session's lease ends: Close
+// A lock ends when it is released or when its session's lease ends: Close
 // revokes it, and a process that dies, pauses or loses etcd stops renewing
 // it, so its locks pass to the next waiter TTL later. The session counts the
 // lease's life from when each renewal was sent and ends itself (Done is
@@ -20,5 +26,5 @@
 // A distributed lock alone is not mutual exclusion: a holder paused past its
 // TTL can still run while another holds the lock. Make writes conditional:
 // in etcd with Txn().If(m.IsOwner()), elsewhere with the fencing token
-// m.Token(), which strictly increases from one holder to the next.
+// m.Token(): a hold admitted after one that excludes it has a larger token.
 package etcdlock

@@ -9,13 +9,14 @@ import (
 // Sentinel errors. Match them with errors.Is: they are usually wrapped with
 // detail.
 var (
-	// ErrLocked is returned by TryLock when another holder or waiter is
-	// ahead, in etcd or in this process.
+	// ErrLocked is returned by TryLock, TryRLock and TryAcquire when
+	// another holder or waiter is ahead, in etcd or in this process.
 	ErrLocked = errors.New("etcdlock: lock is held by another session")
 	// ErrSessionExpired is returned when the session's lease is gone
 	// (expired, revoked, or closed), or the session has ended.
 	ErrSessionExpired = errors.New("etcdlock: session expired")
-	// ErrLockReleased is returned by Unlock when the Mutex is not held.
+	// ErrLockReleased is returned by Unlock, RUnlock and Release when
+	// nothing is held in that mode.
 	ErrLockReleased = errors.New("etcdlock: lock is not held")
 	// ErrLockLost is returned when a hold (or a place in the queue) ended
 	// without Unlock: the key was deleted or its lease ended.
@@ -23,8 +24,17 @@ var (
 	// ErrInvalidName is returned by Lock and TryLock for an empty name or
 	// one longer than MaxNameLen.
 	ErrInvalidName = errors.New("etcdlock: invalid lock name")
-	// ErrInvalidOption is returned by NewSession for an invalid option.
+	// ErrInvalidOption is returned by NewSession for an invalid option, and
+	// by Lock, Acquire and the like for an invalid MutexOption or a
+	// Semaphore's capacity below 1.
 	ErrInvalidOption = errors.New("etcdlock: invalid option")
+	// ErrUpgrade is returned by an RWMutex's Lock, TryLock and Do while it
+	// holds a read lock: RUnlock first (a read lock cannot become a write
+	// lock in place; writers queued behind it would be overtaken).
+	ErrUpgrade = errors.New("etcdlock: read lock cannot be upgraded")
+	// ErrInvalidWeight is returned by a Semaphore's Acquire, TryAcquire and
+	// Do for n below 1 or above the capacity.
+	ErrInvalidWeight = errors.New("etcdlock: invalid semaphore weight")
 )
 
 // prefix starts the message of every error of this package, exactly once.

@@ -2,4 +2,17 @@ package etcdlock
 
 // SetTestHookWait makes m call f, with the key it watches, each time it has
 // set up its watches and blocks waiting for its turn.
-func SetTestHookWait(m *Mutex, f func(pred string)) { m.testHookWait = f }
+func SetTestHookWait(m *Mutex, f func(pred string)) {
+	m.testHookWait = func(keys []string) { f(keys[0]) }
+}
+
+// SetTestHookWaitKeys makes l (a Mutex, RWMutex or Semaphore) call f, with
+// the keys it watches (its blockers, or the lock's prefix when it watches
+// all of it), each time it has set up its watches and blocks.
+func SetTestHookWaitKeys(l interface{ self() *queue }, f func(keys []string)) {
+	l.self().testHookWait = f
+}
+
+// Hooked is what SetTestHookWaitKeys accepts: a Mutex, RWMutex or
+// Semaphore.
+type Hooked = interface{ self() *queue }

@@ -53,6 +53,32 @@ func TestHolderLearnsFirst(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cuts a client off for a lease TTL")
 	}
+	testHolderLearnsFirstAll(t, flavors[0])
+}
+
+// TestHolderLearnsFirstRW runs TestHolderLearnsFirst's cases with a reader
+// holding and a writer waiting.
+func TestHolderLearnsFirstRW(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cuts a client off for a lease TTL")
+	}
+	// Mostly waiting for leases: the two run side by side.
+	t.Parallel()
+	testHolderLearnsFirstAll(t, flavor{"ReadThenWrite", readL, writeL})
+}
+
+// TestHolderLearnsFirstSemaphore runs TestHolderLearnsFirst's cases with
+// a holder of 2 of 2 permits and a waiter for 1.
+func TestHolderLearnsFirstSemaphore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cuts a client off for a lease TTL")
+	}
+	// Mostly waiting for leases: the two run side by side.
+	t.Parallel()
+	testHolderLearnsFirstAll(t, flavor{"Sem2of2Then1of2", semL(2, 2), semL(1, 2)})
+}
+
+func testHolderLearnsFirstAll(t *testing.T, f flavor) {
 	for _, c := range []cutOff{
 		{name: "Cut"},
 		{name: "CutAfterLateAnswers", late: time.Second},
@@ -62,7 +88,7 @@ func TestHolderLearnsFirst(t *testing.T) {
 		{name: "MaxHoldCutAsHoldWatchStarts", maxHold: 2 * time.Second, inWatchRead: true},
 		{name: "MaxHoldCutBeforeDone", maxHold: 2 * time.Second, beforeDone: true},
 	} {
-		t.Run(c.name, func(t *testing.T) { testHolderLearnsFirst(t, c) })
+		t.Run(c.name, func(t *testing.T) { testHolderLearnsFirst(t, c, f) })
 	}
 }
 
@@ -75,7 +101,7 @@ type cutOff struct {
 	maxHold     time.Duration // WithMaxHold, with a session that outlives the test
 }
 
-func testHolderLearnsFirst(t *testing.T, c cutOff) {
+func testHolderLearnsFirst(t *testing.T, c cutOff, f flavor) {
 	name := lockName(t)
 	px := etcdtest.NewProxy(t, endpoints[0])
 	probe := newClientProbe()
@@ -93,7 +119,7 @@ func testHolderLearnsFirst(t *testing.T, c cutOff) {
 	if c.maxHold == 0 {
 		require.Equal(t, 3*time.Second, hs.TTL())
 	}
-	holder := etcdlock.NewMutex(hs, name, mopts...)
+	holder := f.holder(hs, name, mopts...)
 	start := time.Now()
 	require.NoError(t, holder.Lock(t.Context()))
 
@@ -127,11 +153,11 @@ func testHolderLearnsFirst(t *testing.T, c cutOff) {
 	// The waiter, on a client of its own that is not cut off, notes at the
 	// moment its Lock returns whether the holder had been told already.
 	cli := newClient(t)
-	m := etcdlock.NewMutex(newSession(t, cli), name)
+	m := f.waiter(newSession(t, cli), name)
 	idle := make(chan string, 16)
-	etcdlock.SetTestHookWait(m, func(pred string) {
+	etcdlock.SetTestHookWaitKeys(m, func(keys []string) {
 		select {
-		case idle <- pred:
+		case idle <- keys[0]:
 		default:
 		}
 	})
@@ -845,6 +871,9 @@ const (
 	helperEnv         = "ETCDLOCK_TEST_HELPER" // "holder" makes TestHelperProcess run
 	helperEndpointEnv = "ETCDLOCK_TEST_ENDPOINT"
 	helperNameEnv     = "ETCDLOCK_TEST_LOCK"
+	// helperPrimitiveEnv is what the helper holds: "mutex" (or empty),
+	// "rw-write", "rw-read", or "sem" (2 of 2 permits).
+	helperPrimitiveEnv = "ETCDLOCK_TEST_PRIMITIVE"
 )
 
 // TestHelperProcess is not a test: TestHolderKilled runs the test binary
@@ -864,7 +893,9 @@ func TestHelperProcess(t *testing.T) {
 	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(2*time.Second))
 	require.NoError(t, err)
 	defer s.Close()
-	m := etcdlock.NewMutex(s, os.Getenv(helperNameEnv))
+	holder := map[string]newLocker{"": mutexL, "mutex": mutexL, "rw-write": writeL, "rw-read": readL, "sem": semL(2, 2)}[os.Getenv(helperPrimitiveEnv)]
+	require.NotNil(t, holder, "unknown %s", helperPrimitiveEnv)
+	m := holder(s, os.Getenv(helperNameEnv))
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, m.Lock(ctx))
@@ -882,12 +913,34 @@ func TestHolderKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a holder process and kills it")
 	}
+	testHolderKilled(t, "mutex", mutexL)
+}
+
+// TestHolderKilledRW: the same with a killed reader and a waiting writer.
+func TestHolderKilledRW(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a holder process and kills it")
+	}
+	testHolderKilled(t, "rw-read", writeL)
+}
+
+// TestHolderKilledSemaphore: the same with a killed holder of 2 of 2
+// permits and a waiter for 1: a crashed holder's permits come back.
+func TestHolderKilledSemaphore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a holder process and kills it")
+	}
+	testHolderKilled(t, "sem", semL(1, 2))
+}
+
+func testHolderKilled(t *testing.T, primitive string, waiter newLocker) {
 	name := lockName(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1", "-test.timeout=2m")
 	cmd.Env = append(os.Environ(),
 		helperEnv+"=holder",
 		helperEndpointEnv+"="+endpoints[0],
 		helperNameEnv+"="+name,
+		helperPrimitiveEnv+"="+primitive,
 		// The child's TestMain starts an etcd of its own: keep its data
 		// where this test removes it, even after SIGKILL.
 		"TMPDIR="+t.TempDir(),
@@ -945,8 +998,9 @@ func TestHolderKilled(t *testing.T) {
 
 	ctx, cancel := context.WithCancelCause(t.Context())
 	defer cancel(nil)
-	w := startWaiter(ctx, etcdlock.NewMutex(newSession(t, cli), name))
-	require.Equal(t, key, w.waitIdle(t))
+	wl := waiter(newSession(t, cli), name)
+	w := startL(ctx, wl)
+	require.Equal(t, []string{key}, w.waitIdle(t))
 	w.assertWaiting(t)
 
 	require.NoError(t, cmd.Process.Kill()) // SIGKILL
@@ -957,8 +1011,8 @@ func TestHolderKilled(t *testing.T) {
 	err = w.result(t, bound+10*time.Second)
 	require.NoError(t, err, "cause: %v", context.Cause(ctx))
 	t.Logf("acquired %v after the holder was killed (TTL %v)", time.Since(killed).Round(time.Millisecond), ttl)
-	require.Greater(t, w.m.Token(), token)
-	require.NoError(t, w.m.Unlock(t.Context()))
+	require.Greater(t, wl.Token(), token)
+	require.NoError(t, wl.Unlock(t.Context()))
 }
 
 // lockedBuffer is a strings.Builder safe for concurrent use.

@@ -11,9 +11,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// A hold is one acquisition of a Mutex, from Lock to Unlock or loss.
+// A hold is one acquisition (Lock, RLock, Acquire), until its release or
+// loss.
 type hold struct {
 	rev     int64              // create revision of the key: the token
+	mode    KeyMode            // what the key asks for; guarded by queue.mu (Downgrade changes it)
 	hdr     *pb.ResponseHeader // response that showed the lock was ours
 	release func()             // gives back the session-local right to the name
 	done    chan struct{}      // closed when the hold ends
@@ -22,15 +24,16 @@ type hold struct {
 	maxLease    clientv3.LeaseID
 	maxDeadline time.Time // the hold surely ends by then; Done closes before
 
-	// Guarded by Mutex.mu.
+	// Guarded by queue.mu.
 	err   error                 // ErrLockLost after an involuntary end
 	ended bool                  // done is closed
 	stop  func(context.Context) // stops the loss watch; nil until Done asks for it
 
-	// Unlock's state, guarded by Mutex.mu. Once an Unlock attempt is sent,
+	// Unlock's state, guarded by queue.mu. Once an Unlock attempt is sent,
 	// the key may vanish by Unlock's own doing: from then on a vanished
 	// key is no longer evidence of a loss.
-	unlocking     bool  // an Unlock call is under way; another gets ErrLockReleased
+	unlocking     bool  // an Unlock or Downgrade call is under way; another gets ErrLockReleased
+	modeUnknown   bool  // a Downgrade's outcome is unknown: Unlock and RUnlock both release
 	sent          bool  // an Unlock attempt was sent
 	lostBefore    error // the loss known when the first attempt was sent, or nil
 	maybeDeleted  bool  // an attempt whose outcome is unknown was sent: its delete may have been applied
@@ -41,8 +44,8 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 
 // Done returns a channel closed when the current hold ends, for any reason:
 // Unlock, or loss (the key was deleted, the session's lease expired or was
-// revoked, the session ended, or the WithMaxHold limit passed). When the
-// Mutex is not held, Done returns the channel of the last hold, or a closed
+// revoked, the session ended, or the WithMaxHold limit passed). When
+// nothing is held, Done returns the channel of the last hold, or a closed
 // channel if there was none.
 //
 // The first call of a hold starts watching the key; the plain Lock/Unlock
@@ -52,13 +55,13 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // key. Loss by lease expiry is reported before etcd can
 // give the lock to anyone else: the session counts its lease's life from
 // when each renewal was sent and ends a margin before it runs out.
-func (m *Mutex) Done() <-chan struct{} {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	h := m.h
+func (q *queue) Done() <-chan struct{} {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	h := q.h
 	if h == nil {
-		if m.last != nil {
-			return m.last.done
+		if q.last != nil {
+			return q.last.done
 		}
 		return closedChan
 	}
@@ -79,24 +82,24 @@ func (m *Mutex) Done() <-chan struct{} {
 		}
 		go func() {
 			defer close(exited)
-			m.watchHold(ctx, rpcCtx, h)
+			q.watchHold(ctx, rpcCtx, h)
 		}()
 	}
 	return h.done
 }
 
-// Err returns nil while the Mutex is held and after a plain Unlock, and an
-// error matching ErrLockLost once a hold ended involuntarily (until the
-// next Lock). The end of the session and the WithMaxHold limit are always
+// Err returns nil while a hold lasts and after a plain release (Unlock,
+// RUnlock, Release), and an error matching ErrLockLost once a hold ended
+// involuntarily (until the next hold is taken). The end of the session and the WithMaxHold limit are always
 // reported; a deleted key only once Done has been called for the hold (Do
 // calls it, and Unlock reports it too). Once Unlock has sent its delete,
 // Err reports only the loss Unlock reports: one known before Unlock began.
-func (m *Mutex) Err() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	h := m.h
+func (q *queue) Err() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	h := q.h
 	if h == nil {
-		h = m.last
+		h = q.last
 	}
 	if h == nil {
 		return nil
@@ -108,39 +111,40 @@ func (m *Mutex) Err() error {
 		// Unlock has begun: it reports a loss only if it was known then.
 		return h.lostBefore
 	}
-	return m.unwatchedLoss(h)
+	return q.unwatchedLoss(h)
 }
 
 // unwatchedLoss returns the losses of h that need no watch to be known: the
-// session's end, the max hold passing. Called with m.mu held.
-func (m *Mutex) unwatchedLoss(h *hold) error {
-	if err := m.s.Err(); err != nil {
+// session's end, the max hold passing. Called with q.mu held.
+func (q *queue) unwatchedLoss(h *hold) error {
+	if err := q.s.Err(); err != nil {
 		return errorf("%w: %w", ErrLockLost, err)
 	}
-	if !h.maxDeadline.IsZero() && time.Now().After(h.maxDeadline.Add(-m.s.expiryMargin())) {
+	if !h.maxDeadline.IsZero() && time.Now().After(h.maxDeadline.Add(-q.s.expiryMargin())) {
 		return errorf("%w: %w", ErrLockLost, errMaxHold)
 	}
 	return nil
 }
 
-// Do locks m, runs fn, and unlocks m. fn's ctx is cancelled the moment the
-// hold is lost, with context.Cause matching ErrLockLost. If the hold was
-// lost, Do's error matches ErrLockLost and also carries fn's error. If Lock
-// fails, fn does not run and Do returns Lock's error. The error is one
-// line; errors.Is matches each error it carries.
-func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	if err := m.Lock(ctx); err != nil {
+// do takes a hold in mode, runs fn with a ctx cancelled the moment the
+// hold is lost (context.Cause matching ErrLockLost), and releases it
+// (unlockSurely): Mutex.Do, RWMutex.Do and RDo, Semaphore.Do. If the hold
+// was lost, do's error matches ErrLockLost and also carries fn's error. If
+// taking the hold fails, fn does not run and do returns that error. The
+// error is one line; errors.Is matches each error it carries.
+func (q *queue) do(ctx context.Context, mode KeyMode, fn func(ctx context.Context) error) error {
+	if err := q.lock(ctx, mode, true); err != nil {
 		return err
 	}
 	fctx, cancel := context.WithCancelCause(ctx)
-	lost := m.Done()
+	lost := q.Done()
 	finished := make(chan struct{})
 	watcherDone := make(chan struct{})
 	go func() {
 		defer close(watcherDone)
 		select {
 		case <-lost:
-			if err := m.Err(); err != nil {
+			if err := q.Err(); err != nil {
 				cancel(err)
 			}
 		case <-finished:
@@ -151,7 +155,7 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 	<-watcherDone
 	cancel(nil)
 
-	uerr := m.unlockSurely(ctx)
+	uerr := q.unlockSurely(ctx)
 	switch {
 	case uerr != nil && errors.Is(fnErr, uerr):
 		// fn returned the loss (its ctx's cause), perhaps wrapped: that
@@ -163,25 +167,25 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 	return join(fnErr, uerr)
 }
 
-// unlockSurely unlocks m, trying again while etcd cannot answer (a leader
+// unlockSurely releases the current hold, trying again while etcd cannot answer (a leader
 // election, a lost connection): the caller of Do cannot retry, and a lock
 // left held would block every waiter for as long as the session lives. It
 // uses a context that outlives a cancelled ctx, since the lock must be
 // released even when the caller gave up. It ends: either etcd answers, or
 // the session ends, and then Unlock ends the hold too.
-func (m *Mutex) unlockSurely(ctx context.Context) error {
+func (q *queue) unlockSurely(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	backoff := 50 * time.Millisecond
 	for {
 		uctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
-		err := m.Unlock(uctx)
+		err := q.unlock(uctx, nil, "Unlock")
 		cancel()
 		if err == nil || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLockReleased) || errors.Is(err, ErrSessionExpired) {
 			return err
 		}
 		t := time.NewTimer(backoff)
 		select {
-		case <-m.s.donec:
+		case <-q.s.donec:
 			t.Stop()
 		case <-t.C:
 		}
@@ -192,15 +196,15 @@ func (m *Mutex) unlockSurely(ctx context.Context) error {
 // endHold ends h with err (nil for Unlock), once, and stops its loss
 // watch. ctx is Unlock's: it bounds the wait for a read the watch has in
 // flight.
-func (m *Mutex) endHold(ctx context.Context, h *hold, err error) {
-	m.mu.Lock()
+func (q *queue) endHold(ctx context.Context, h *hold, err error) {
+	q.mu.Lock()
 	stop := h.stop
 	if !h.ended {
 		h.ended = true
 		h.err = err
 		close(h.done)
 	}
-	m.mu.Unlock()
+	q.mu.Unlock()
 	if stop != nil {
 		stop(ctx)
 	}
@@ -208,9 +212,9 @@ func (m *Mutex) endHold(ctx context.Context, h *hold, err error) {
 
 // lose ends h as lost, from the loss watch, unless Unlock may have ended it
 // (see Unlock). Its stop is not called: the watch is the caller.
-func (m *Mutex) lose(h *hold, cause error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (q *queue) lose(h *hold, cause error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	if h.ended {
 		return
 	}
@@ -236,15 +240,15 @@ func (m *Mutex) lose(h *hold, cause error) {
 // hold passes; it returns when ctx (stopped by Unlock) ends or h is lost.
 // Its reads use rpcCtx, which Unlock cancels only if its own ctx ends
 // before the read does.
-func (m *Mutex) watchHold(ctx, rpcCtx context.Context, h *hold) {
+func (q *queue) watchHold(ctx, rpcCtx context.Context, h *hold) {
 	// The session's end and the max hold deadline end the hold whatever
 	// the watch is doing, even blocked on a link that is cut.
-	ctx, cancel := m.s.bound(ctx)
+	ctx, cancel := q.s.bound(ctx)
 	defer cancel()
-	rpcCtx, cancelRPC := m.s.bound(rpcCtx)
+	rpcCtx, cancelRPC := q.s.bound(rpcCtx)
 	defer cancelRPC()
 	if !h.maxDeadline.IsZero() {
-		limit := h.maxDeadline.Add(-m.s.expiryMargin())
+		limit := h.maxDeadline.Add(-q.s.expiryMargin())
 		var cancelMax, cancelMaxRPC context.CancelFunc
 		ctx, cancelMax = context.WithDeadlineCause(ctx, limit, errMaxHold)
 		defer cancelMax()
@@ -253,8 +257,8 @@ func (m *Mutex) watchHold(ctx, rpcCtx context.Context, h *hold) {
 	}
 	backoff := 50 * time.Millisecond
 	for {
-		if lost := m.watchKey(ctx, rpcCtx, h); lost != nil {
-			m.lose(h, lost)
+		if lost := q.watchKey(ctx, rpcCtx, h); lost != nil {
+			q.lose(h, lost)
 			return
 		}
 		// The watch broke (no leader, stream lost, compaction on resume):
@@ -265,7 +269,7 @@ func (m *Mutex) watchHold(ctx, rpcCtx context.Context, h *hold) {
 		case <-ctx.Done():
 			t.Stop()
 			if cause := context.Cause(ctx); errors.Is(cause, errMaxHold) || errors.Is(cause, ErrSessionExpired) {
-				m.lose(h, cause)
+				q.lose(h, cause)
 			}
 			return // else Unlock stopped the watch
 		case <-t.C:
@@ -276,10 +280,10 @@ func (m *Mutex) watchHold(ctx, rpcCtx context.Context, h *hold) {
 
 // watchKey watches h's key from now, checks it is still h's, and waits. It
 // returns the cause of a loss, or nil when ctx ended or the watch broke.
-func (m *Mutex) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
+func (q *queue) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	ch, _, err := m.openWatch(wctx, m.key)
+	ch, _, err := q.openWatch(wctx, q.key)
 	if err != nil {
 		return nil
 	}
@@ -288,13 +292,13 @@ func (m *Mutex) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
 	// unary call that fails, a cancelled one too, as a warning, and a
 	// program that locks, calls Done and unlocks must log nothing.
 	gctx, gcancel := context.WithTimeout(clientv3.WithRequireLeader(rpcCtx), cleanupTimeout)
-	resp, err := m.s.cli.Get(gctx, m.key)
+	resp, err := q.s.cli.Get(gctx, q.key)
 	gcancel()
 	if err != nil || ctx.Err() != nil {
 		return nil
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
-		return m.holdGone(rpcCtx, h)
+		return q.holdGone(rpcCtx, h)
 	}
 	for {
 		select {
@@ -308,7 +312,7 @@ func (m *Mutex) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
 				// A lagging member may replay the deletion of an earlier
 				// key of the same name; this one was alive at the read.
 				if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > resp.Header.Revision {
-					return m.holdGone(rpcCtx, h)
+					return q.holdGone(rpcCtx, h)
 				}
 			}
 		}
@@ -320,14 +324,14 @@ func (m *Mutex) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
 // rather than at its next renewal), or someone deleted it. A deletion once
 // Unlock has sent its delete may be Unlock's own: it is not looked into,
 // Unlock tells.
-func (m *Mutex) holdGone(ctx context.Context, h *hold) error {
-	m.mu.Lock()
+func (q *queue) holdGone(ctx context.Context, h *hold) error {
+	q.mu.Lock()
 	sent := h.sent
-	m.mu.Unlock()
+	q.mu.Unlock()
 	if sent {
-		return errorf("key %s was deleted", m.key)
+		return errorf("key %s was deleted", q.key)
 	}
-	return m.keyGone(ctx, h.maxLease)
+	return q.keyGone(ctx, h.maxLease)
 }
 
 // errMaxHold is the cause of a loss by WithMaxHold.
@@ -337,26 +341,26 @@ var errMaxHold = errors.New("max hold time passed")
 // TTL, so that etcd ends the hold then even if this process hangs. A Put
 // keeps the key's create revision: its place, and the token, stay the same.
 // On failure the key is removed and the error returned.
-func (m *Mutex) limitHold(ctx context.Context, h *hold) error {
+func (q *queue) limitHold(ctx context.Context, h *hold) error {
 	sent := time.Now()
-	g, err := m.s.cli.Grant(ctx, ttlSeconds(m.opts.maxHold))
+	g, err := q.s.cli.Grant(ctx, ttlSeconds(q.opts.maxHold))
 	if err != nil {
-		return m.fail(ctx, h.rev, errorf("grant max hold lease: %w", err))
+		return q.fail(ctx, h.rev, errorf("grant max hold lease: %w", err))
 	}
 	// etcd counts the lease from when it received the grant: no earlier
 	// than sent.
 	h.maxLease, h.maxDeadline = g.ID, sent.Add(time.Duration(g.TTL)*time.Second)
-	m.s.trackLease(h.maxLease, h.maxDeadline) // Close revokes it
-	resp, err := m.s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
-		Then(clientv3.OpPut(m.key, "", clientv3.WithLease(g.ID))).
+	q.s.trackLease(h.maxLease, h.maxDeadline) // Close revokes it
+	resp, err := q.s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
+		Then(clientv3.OpPut(q.key, h.mode.value(), clientv3.WithLease(g.ID))).
 		Commit()
 	if err == nil && !resp.Succeeded {
-		err = errorf("%w: %w", ErrLockLost, m.keyGone(ctx, 0))
+		err = errorf("%w: %w", ErrLockLost, q.keyGone(ctx, 0))
 	}
 	if err != nil {
-		m.revokeMaxHold(ctx, h)
-		return m.fail(ctx, h.rev, err)
+		q.revokeMaxHold(ctx, h)
+		return q.fail(ctx, h.rev, err)
 	}
 	return nil
 }
@@ -364,18 +368,18 @@ func (m *Mutex) limitHold(ctx context.Context, h *hold) error {
 // revokeMaxHold revokes h's max hold lease, if it has one that has not run
 // out and that Close has not revoked. (Revoking a lease that is gone would
 // fail, and etcd's client would log a warning.)
-func (m *Mutex) revokeMaxHold(ctx context.Context, h *hold) {
-	if h.maxLease == 0 || !m.s.untrackLease(h.maxLease) {
+func (q *queue) revokeMaxHold(ctx context.Context, h *hold) {
+	if h.maxLease == 0 || !q.s.untrackLease(h.maxLease) {
 		return
 	}
-	if !time.Now().Before(h.maxDeadline) || m.s.cli.Ctx().Err() != nil {
+	if !time.Now().Before(h.maxDeadline) || q.s.cli.Ctx().Err() != nil {
 		return // it has run out, or cannot be revoked: it expires on its own
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	// Best effort: if it fails the lease expires on its own at the limit,
 	// and Close tries again.
-	if _, err := m.s.cli.Revoke(cctx, h.maxLease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		m.s.trackLease(h.maxLease, h.maxDeadline)
+	if _, err := q.s.cli.Revoke(cctx, h.maxLease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		q.s.trackLease(h.maxLease, h.maxDeadline)
 	}
 }

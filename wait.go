@@ -3,6 +3,10 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -13,29 +17,632 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// MaxNameLen is the longest lock name accepted. A name appears several times
+// in one request; this keeps requests far below etcd's default 1.5 MiB limit.
+const MaxNameLen = 32 << 10
+
+const (
+	// queueScan is how many keys one keys-only range reads when an
+	// exclusive waiter (a Mutex, an RWMutex writer) looks for the key just
+	// ahead. Only direct children of name/ count, so a few extra keys leave
+	// room for nested locks' keys (name/sub/<lease>) without another RPC.
+	queueScan = 8
+	// modeScan and modeScanMore are the first and later pages of a range
+	// that reads values (the modes of the keys ahead). etcd reads every key
+	// of the prefix for a sorted range anyway; the limit only trims the
+	// answer, so one bigger page is cheaper than two small ones.
+	modeScan     = 64
+	modeScanMore = 512
+	// maxWatched is the most blockers a waiter watches one by one; with
+	// more it watches the whole prefix for deletions.
+	maxWatched = 64
+)
+
+// cleanupTimeout bounds the RPC that removes a key after a failed Lock.
+const cleanupTimeout = 5 * time.Second
+
+// A queue is the mechanism every primitive shares: a key per session under
+// name/, placed in line by its create revision; a grant rule per key mode
+// that says, given the keys ahead, which of them keep a key out (its
+// blockers); a waiter that watches exactly its blockers and its own key;
+// and the hold that follows, with its loss watch. Mutex, RWMutex and
+// Semaphore embed a queue and only state their rule.
+//
+// Invariant K: no code changes the mode (the value) of an existing key.
+// Everything that Puts an existing key keeps its value; a key of this
+// session left in another mode is deleted and created again. Every rule's
+// blockers are a witness only while the keys ahead keep their modes: a
+// waiter is not woken when a key it does not watch changes.
+type queue struct {
+	s    *Session
+	name string
+	pfx  string // name + "/"
+	key  string // pfx + lease ID in hex
+
+	opts mutexOptions
+
+	mu   sync.Mutex // guards h, last, and the fields of holds marked so
+	h    *hold      // the current hold; nil when not held
+	last *hold      // the hold that ended last, for Done and Err
+
+	// testHookWait, when set, is called each time a waiter has set up its
+	// watches and blocks for an event, with the keys it watches: its
+	// blockers, or the prefix when it watches the whole lock. Tests use it
+	// to know waiters are idle.
+	testHookWait func(keys []string)
+}
+
+// init sets q up for the lock name taken through s. (Not a constructor
+// returning a queue: a queue holds a sync.Mutex and must not be copied.)
+func (q *queue) init(s *Session, name string, opts []MutexOption) {
+	q.s, q.name, q.pfx, q.opts = s, name, name+"/", newMutexOptions(opts)
+	if s != nil {
+		q.key = fmt.Sprintf("%s%x", q.pfx, int64(s.Lease()))
+	}
+}
+
+// self returns q; through promotion, any primitive has it (export_test.go).
+func (q *queue) self() *queue { return q }
+
+// lock is Lock, RLock and Acquire (wait) and their Try forms: it takes a
+// hold in mode.
+func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
+	if err := q.validate(); err != nil {
+		return err
+	}
+	// A writer cannot be admitted while this value holds a read: it would
+	// wait for itself (sync.RWMutex deadlocks here), and turning the read
+	// key exclusive in place would let it in among the readers behind it.
+	if mode.Exclusive() && q.holding(func(m KeyMode) bool { return m.Shared }) {
+		return ErrUpgrade
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := q.s.Err(); err != nil {
+		return err
+	}
+	// Stop waiting, and stop any RPC, as soon as the session ends.
+	bctx, cancel := q.s.bound(ctx)
+	defer cancel()
+	// The right is per session and name, across primitives: they all share
+	// the key name/<lease>, so one hold per session and name holds for
+	// every mix of them.
+	release, err := q.s.acquireName(bctx, q.name, wait)
+	if err != nil {
+		return q.cause(ctx, err)
+	}
+	var rev int64
+	var hdr *pb.ResponseHeader
+	if wait {
+		rev, hdr, err = q.acquire(bctx, mode)
+	} else {
+		rev, hdr, err = q.tryAcquire(bctx, mode)
+	}
+	if err != nil {
+		release()
+		return q.cause(ctx, err)
+	}
+	h := &hold{rev: rev, mode: mode, hdr: hdr, release: release, done: make(chan struct{})}
+	if q.opts.maxHold > 0 {
+		if err := q.limitHold(bctx, h); err != nil {
+			release()
+			return q.cause(ctx, err)
+		}
+	}
+	q.mu.Lock()
+	q.h = h
+	q.mu.Unlock()
+	return nil
+}
+
+// holding reports whether q holds, in a mode match accepts.
+func (q *queue) holding(match func(KeyMode) bool) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.h != nil && match(q.h.mode)
+}
+
+func (q *queue) validate() error {
+	if q.s == nil {
+		return errorf("%w: no Session", ErrSessionExpired)
+	}
+	if q.opts.err != nil {
+		return q.opts.err
+	}
+	if q.name == "" {
+		return errorf("%w: empty name", ErrInvalidName)
+	}
+	if len(q.name) > MaxNameLen {
+		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(q.name), MaxNameLen)
+	}
+	return nil
+}
+
+// acquire joins the queue in mode and waits for its turn. It returns the
+// create revision of the key and the header of the response that showed
+// the hold was admitted.
+func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.ResponseHeader, err error) {
+	// One round trip puts the key and reads the newest keys under the
+	// prefix. Read after the put in the same Txn, they show who is ahead:
+	// uncontended Lock is this one RPC. If this session already has a key
+	// (left by a cleanup that could not reach etcd) in the same mode, its
+	// place is reused, and the Put binds it to the session's lease again
+	// (it may have been bound to a WithMaxHold lease); a Put keeps the
+	// create revision. A leftover in another mode is never Put (Invariant
+	// K): readers behind a leftover read key may hold, and turning it
+	// exclusive at its old place would let a writer in among them. It is
+	// removed, and the key placed anew.
+	var resp *clientv3.TxnResponse
+	for attempt := 0; ; attempt++ {
+		resp, err = q.place(ctx, mode)
+		if err != nil {
+			// The Txn may have been applied even though its answer was lost.
+			return 0, nil, q.fail(ctx, 0, q.rpcErr(err))
+		}
+		if resp.Succeeded {
+			break
+		}
+		in := resp.Responses[0].GetResponseTxn()
+		if in.Succeeded {
+			break
+		}
+		if attempt > 0 {
+			// Someone re-created our key in another mode between the two
+			// round trips: only this process uses it, so that cannot
+			// happen short of a misuse of the lease.
+			return 0, nil, q.fail(ctx, 0, errorf("key %s keeps its other mode", q.key))
+		}
+		old := in.Responses[0].GetResponseRange().Kvs
+		if len(old) > 0 {
+			if err := q.remove(ctx, old[0].CreateRevision); err != nil {
+				return 0, nil, err
+			}
+		}
+	}
+	var page *pb.RangeResponse
+	if resp.Succeeded {
+		rev, page = resp.Header.Revision, resp.Responses[1].GetResponseRange()
+	} else {
+		in := resp.Responses[0].GetResponseTxn()
+		rev = in.Responses[1].GetResponseRange().Kvs[0].CreateRevision
+		page = in.Responses[2].GetResponseRange()
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, q.fail(ctx, rev, err)
+	}
+	me := entry{key: q.key, rev: rev, mode: mode}
+	blockers, _, hdr, err := q.scan(ctx, me, page, resp.Header)
+	if err != nil {
+		return 0, nil, q.fail(ctx, rev, err)
+	}
+	if len(blockers) > 0 {
+		if hdr, err = q.wait(ctx, me, blockers, hdr.Revision); err != nil {
+			return 0, nil, q.fail(ctx, rev, err)
+		}
+	}
+	// "Acquired after we were cancelled: pretend we didn't" (x/sync).
+	if err := ctx.Err(); err != nil {
+		return 0, nil, q.fail(ctx, rev, err)
+	}
+	return rev, hdr, nil
+}
+
+// place is acquire's round trip: it puts the key in mode unless this
+// session has one, and reads the newest keys of the queue. It is a
+// function of its own to keep its many Ops out of acquire's stack frame,
+// which stays on the stack while the waiter waits: with them, a waiting
+// goroutine's stack could not shrink back to its initial size.
+//
+//go:noinline
+func (q *queue) place(ctx context.Context, mode KeyMode) (*clientv3.TxnResponse, error) {
+	val := mode.value()
+	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
+	wctx, cancel := q.writeCtx(ctx)
+	defer cancel()
+	return q.s.cli.Txn(wctx).
+		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)).
+		Then(put, q.opQueue(mode, 0)).
+		Else(clientv3.OpTxn(
+			// Our leftover in the same mode keeps its place.
+			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(q.key), "=", val)},
+			[]clientv3.Op{put, clientv3.OpGet(q.key), q.opQueue(mode, 0)},
+			[]clientv3.Op{clientv3.OpGet(q.key)})).
+		Commit()
+}
+
+// opQueue reads the newest keys under the prefix, newest first, with a
+// create revision of at most maxRev (no bound when 0), as a waiter in mode
+// needs them.
+func (q *queue) opQueue(mode KeyMode, maxRev int64, extra ...clientv3.OpOption) clientv3.Op {
+	return clientv3.OpGet(q.pfx, append(queueOpts(mode, clientv3.SortDescend, maxRev, 0, false), extra...)...)
+}
+
+// queueOpts are the options of a range over the queue in create-revision
+// order, bounded by maxRev and minRev when they are not 0. An exclusive
+// waiter needs only keys (the key just ahead blocks it, whatever its mode):
+// etcd 3.7 answers those from its in-memory index. The other modes read
+// values, the modes of the keys ahead, in bigger pages (later ones bigger
+// still).
+func queueOpts(mode KeyMode, order clientv3.SortOrder, maxRev, minRev int64, later bool) []clientv3.OpOption {
+	opts := []clientv3.OpOption{
+		clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, order),
+	}
+	switch {
+	case mode.Exclusive():
+		opts = append(opts, clientv3.WithLimit(queueScan), clientv3.WithKeysOnly())
+	case later:
+		opts = append(opts, clientv3.WithLimit(modeScanMore))
+	default:
+		opts = append(opts, clientv3.WithLimit(modeScan))
+	}
+	if maxRev > 0 {
+		opts = append(opts, clientv3.WithMaxCreateRev(maxRev))
+	}
+	if minRev > 0 {
+		opts = append(opts, clientv3.WithMinCreateRev(minRev))
+	}
+	return opts
+}
+
+// isChild reports whether key is a key of this lock: a direct child of the
+// prefix. Keys of nested locks (name/sub/<lease>) also fall in the
+// prefix's range but belong to another lock (etcd's Mutex waits on them).
+func (q *queue) isChild(key []byte) bool {
+	rest, ok := strings.CutPrefix(string(key), q.pfx)
+	return ok && rest != "" && !strings.Contains(rest, "/")
+}
+
+// scan reads the direct children of the prefix ahead of me, newest first:
+// those with a create revision below me.rev, or all of them but this
+// session's own key when me.rev is 0 (a Try, not in the queue). It starts
+// with page r, which the round trip that put or checked the key has
+// already read, and reads further pages only while me's rule finds no
+// blockers. It returns the blockers (none: me is admitted) and the header
+// of the last response read. When me.rev is 0 it also returns this
+// session's own key if it read it (a key left by a cleanup that could not
+// reach etcd).
+func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb.ResponseHeader) (blockers []entry, own *mvccpb.KeyValue, _ *pb.ResponseHeader, err error) {
+	admit := me.mode.rule()
+	var ahead []entry
+	for {
+		var low int64
+		for _, kv := range r.Kvs {
+			low = kv.CreateRevision
+			switch {
+			case !q.isChild(kv.Key): // a nested lock's key
+			case string(kv.Key) == q.key:
+				if me.rev == 0 {
+					own = kv
+				}
+			case me.rev == 0 || kv.CreateRevision < me.rev:
+				ahead = append(ahead, entry{string(kv.Key), kv.CreateRevision, ParseKeyMode(kv.Value)})
+			}
+		}
+		if b := admit(me, ahead); len(b) > 0 {
+			return b, own, hdr, nil
+		}
+		if !r.More {
+			return nil, own, hdr, nil
+		}
+		// The page held only newer keys, nested locks' keys, or keys that
+		// do not keep me out: read on. A key created since cannot be ahead
+		// of mine, so a later read is as good as one at the page's
+		// revision.
+		resp, err := q.s.cli.Get(ctx, q.pfx, queueOpts(me.mode, clientv3.SortDescend, low-1, 0, true)...)
+		if err != nil {
+			return nil, nil, nil, q.rpcErr(err)
+		}
+		r, hdr = (*pb.RangeResponse)(resp), resp.Header
+	}
+}
+
+// tryAcquire takes a hold in mode only if it is admitted at once, and
+// writes nothing otherwise. It is admitted if its rule admits it behind
+// every key of the queue (a rule that admits me behind everyone admits me
+// at my place), or, for this session's own leftover key in the same mode,
+// at that key's place.
+func (q *queue) tryAcquire(ctx context.Context, mode KeyMode) (int64, *pb.ResponseHeader, error) {
+	val := mode.value()
+	// A read-only Txn answers "held" without a Raft write or a new
+	// revision. etcd sends any Txn with a Put through Raft even when its
+	// compare fails, so only an all-read request is served as a read.
+	first := []clientv3.Op{q.opQueue(mode, 0), clientv3.OpGet(q.key)}
+	resp, err := q.s.cli.Txn(ctx).Then(first...).Commit()
+	if err != nil {
+		return 0, nil, q.rpcErr(err)
+	}
+	for range 5 {
+		r, hdr := resp.Responses[0].GetResponseRange(), resp.Header
+		var own *mvccpb.KeyValue
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+			own = kvs[0]
+		}
+		me := entry{key: q.key, mode: mode}
+		if own != nil && string(own.Value) == val {
+			// This session's own key in this mode, left by a cleanup that
+			// could not reach etcd: judge it at its place.
+			me.rev = own.CreateRevision
+		}
+		blockers, _, hdr, err := q.scan(ctx, me, r, hdr)
+		if err != nil {
+			return 0, nil, err
+		}
+		if len(blockers) > 0 {
+			return 0, nil, ErrLocked
+		}
+		if own != nil && me.rev == 0 {
+			// Our leftover in another mode would be admitted behind
+			// everyone: remove it and place a new key (Invariant K: it is
+			// never Put in another mode).
+			if err := q.remove(ctx, own.CreateRevision); err != nil {
+				return 0, nil, err
+			}
+			if resp, err = q.s.cli.Txn(ctx).Then(first...).Commit(); err != nil {
+				return 0, nil, q.rpcErr(err)
+			}
+			continue
+		}
+		put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
+		// Admitted at hdr's revision. Take it only if nothing under the
+		// prefix changed since: a waiter that queued in between must keep
+		// its turn.
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(q.pfx), "<", hdr.Revision+1).WithPrefix()}
+		if own != nil {
+			// At its place: keys ahead only leave, and fewer keys ahead
+			// never turn admitted into blocked. Bind the key to the
+			// session's lease again (it may be bound to a WithMaxHold
+			// lease); a Put keeps its create revision.
+			cmps = []clientv3.Cmp{
+				clientv3.Compare(clientv3.CreateRevision(q.key), "=", own.CreateRevision),
+				clientv3.Compare(clientv3.Value(q.key), "=", val),
+			}
+		}
+		wctx, cancel := q.writeCtx(ctx)
+		tresp, err := q.s.cli.Txn(wctx).If(cmps...).Then(put).Else(first...).Commit()
+		cancel()
+		if err != nil {
+			return 0, nil, q.fail(ctx, 0, q.rpcErr(err))
+		}
+		if tresp.Succeeded {
+			rev := tresp.Header.Revision
+			if own != nil {
+				rev = own.CreateRevision
+			}
+			if err := ctx.Err(); err != nil {
+				return 0, nil, q.fail(ctx, rev, err)
+			}
+			return rev, tresp.Header, nil
+		}
+		resp = tresp
+	}
+	// Keys kept changing under the prefix (nested locks' traffic): rather
+	// than spin, report the lock as busy.
+	return 0, nil, ErrLocked
+}
+
+// unlock ends the current hold if match accepts its mode (nil: any). op
+// names the caller for errors ("RUnlock"). A hold of another mode stays
+// held: RUnlock of a write lock returns ErrLockReleased, as does Unlock of
+// a read lock.
+//
+// It deletes the key only if it is still the key this hold created (same
+// create revision), so it can never delete another holder's key, also when
+// retried (etcd issue 22082). See Mutex.Unlock for what it returns.
+func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string) error {
+	q.mu.Lock()
+	h := q.h
+	if h == nil || h.unlocking {
+		q.mu.Unlock()
+		return ErrLockReleased
+	}
+	if match != nil && !match(h.mode) && !h.modeUnknown {
+		q.mu.Unlock()
+		return errorf("%w: %s of a hold in mode %s", ErrLockReleased, op, h.mode)
+	}
+	if !h.sent {
+		// What is known when Unlock begins; nothing later is a loss
+		// before Unlock.
+		h.lostBefore = h.err
+		if h.lostBefore == nil {
+			h.lostBefore = q.unwatchedLoss(h)
+		}
+	}
+	lost, retry := h.lostBefore, h.maybeDeleted
+	// An attempt that is not sent leaves no doubt about the key.
+	notSent := ctx.Err()
+	if cerr := q.s.cli.Ctx().Err(); cerr != nil {
+		// A closed client can send nothing (and ends the session).
+		notSent = errorf("%w: %w", errClientClosed, cerr)
+	}
+	// After a loss the delete only tidies up; it is not needed when the
+	// key went with the session's lease.
+	send := notSent == nil && (lost == nil || h.maxLease != 0 || !q.s.leaseIsGone())
+	h.unlocking = true // a second Unlock now gets ErrLockReleased
+	h.sent = h.sent || send
+	q.mu.Unlock()
+
+	var resp *clientv3.TxnResponse
+	err := notSent
+	if send {
+		resp, err = q.s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
+			Then(clientv3.OpDelete(q.key)).
+			Commit()
+	}
+	var endErr error // the hold's Err once it ended
+	switch {
+	case lost != nil:
+		err, endErr = lost, lost
+	case err == nil && resp.Succeeded:
+	case err == nil && !retry:
+		// No attempt of ours can have deleted the key: it was gone
+		// before Unlock.
+		err = errorf("%w before %s: %w", ErrLockLost, op, q.keyGone(ctx, h.maxLease))
+		endErr = err
+	case err == nil:
+		// An earlier attempt may have deleted the key: not known lost.
+	default:
+		if serr := q.s.Err(); serr != nil {
+			// The session ended after Unlock began: the key goes with
+			// its lease. The hold ends; it was not known to be lost.
+			err = errorf("unlock %s: %v; the session ended, the key goes with its lease: %w", q.key, err, serr)
+			break
+		}
+		q.mu.Lock()
+		h.unlocking = false
+		h.maybeDeleted = h.maybeDeleted || send
+		if h.goneMidUnlock && !h.ended {
+			// The loss watch saw the hold end while the RPC ran, and
+			// has stopped: Done tells now that the hold is over.
+			h.ended = true
+			close(h.done)
+		}
+		q.mu.Unlock()
+		return errorf("unlock %s: %w", q.key, err)
+	}
+	q.endHold(ctx, h, endErr)
+	q.revokeMaxHold(ctx, h)
+	q.mu.Lock()
+	q.h, q.last = nil, h
+	q.mu.Unlock()
+	h.release()
+	return err
+}
+
+// IsOwner returns a comparison that holds only while the current hold is
+// current: use it in Txn().If to make a write conditional on the lock.
+// When nothing is held the comparison never holds. Under an RWMutex's read
+// lock it guards reads; guard writes only under a write lock.
+func (q *queue) IsOwner() clientv3.Cmp {
+	rev := int64(-1) // no key has create revision -1; 0 would match a missing key
+	q.mu.Lock()
+	if q.h != nil {
+		rev = q.h.rev
+	}
+	q.mu.Unlock()
+	return clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)
+}
+
+// Key returns the key used in etcd: name/<lease ID in hex>.
+func (q *queue) Key() string { return q.key }
+
+// Header returns the header of the etcd response that showed the current
+// hold was admitted, or nil when nothing is held.
+func (q *queue) Header() *pb.ResponseHeader {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.h == nil {
+		return nil
+	}
+	return q.h.hdr
+}
+
+// Token returns the fencing token of the current hold: the create revision
+// of the holder's key. A hold admitted after a hold that excludes it has a
+// larger token (successive Mutex holders' tokens strictly increase), so a
+// resource that remembers the highest token it has seen can reject a
+// stale holder. Token returns 0 when nothing is held; after a loss it
+// returns the lost hold's token until it is released.
+func (q *queue) Token() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.h == nil {
+		return 0
+	}
+	return q.h.rev
+}
+
+// writeCtx returns a context for a write whose outcome must be known: it
+// outlives ctx's cancellation, so that Lock never gives up on a Put whose
+// fate is unknown (a Put applied after the cleanup's Delete would leave a
+// key that blocks the queue until the session ends). It ends with the
+// session, or after cleanupTimeout. Lock checks ctx right after the write.
+func (q *queue) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	bctx, cancel := q.s.bound(context.WithoutCancel(ctx))
+	tctx, tcancel := context.WithTimeout(bctx, cleanupTimeout)
+	return tctx, func() {
+		tcancel()
+		cancel()
+	}
+}
+
+// cause returns err, or the session's end when that is what stopped a call
+// made with ctx bound to the session.
+func (q *queue) cause(ctx context.Context, err error) error {
+	if serr := q.s.Err(); serr != nil && ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
+		return serr
+	}
+	return err
+}
+
+// fail removes this queue's key after a failed Lock and returns err (joined
+// with the cleanup's error if that failed too). rev is the key's create
+// revision, or 0 when it is unknown because a Txn's outcome is unknown: then
+// the key is deleted by name, which is safe because the session-local name
+// lock makes this call the only user of the key in the process.
+//
+// When the session has ended, the key is left to its lease: Close revoked
+// it, or it is expiring, and etcd may be out of reach.
+func (q *queue) fail(ctx context.Context, rev int64, err error) error {
+	if q.s.Err() != nil {
+		return err
+	}
+	if cerr := q.remove(ctx, rev); cerr != nil {
+		return join(err, cerr)
+	}
+	return err
+}
+
+// remove deletes this queue's key if its create revision is rev (by name
+// when rev is 0), with a context that is not the cancelled one.
+func (q *queue) remove(ctx context.Context, rev int64) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	txn := q.s.cli.Txn(cctx)
+	if rev != 0 {
+		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
+	}
+	if _, err := txn.Then(clientv3.OpDelete(q.key)).Commit(); err != nil {
+		return errorf("remove %s after failed lock: %w", q.key, err)
+	}
+	return nil
+}
+
+// rpcErr maps etcd's "lease not found" to ErrSessionExpired.
+func (q *queue) rpcErr(err error) error {
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		q.s.lost()
+		return errorf("%w: %w", ErrSessionExpired, err)
+	}
+	return err
+}
+
 // errWatchBroken says a watch ended without the event it waited for: the
 // stream broke, the member lost its leader, or a resumed watch hit a
 // compacted revision. The waiter reads the queue again and re-watches.
 var errWatchBroken = errors.New("etcdlock: watch broken")
 
-// wait blocks until no key of the lock older than rev is left, that is until
-// this Mutex holds the lock. pred is the key just ahead, seen at readRev.
-// It returns the header of the response that showed the lock was ours.
+// wait blocks until me's rule admits it, that is until this queue holds.
+// blockers are what kept me out at readRev. It returns the header of the
+// response that showed the hold was admitted.
 //
-// The waiter watches only its predecessor, not the whole prefix: a release
-// wakes exactly the next waiter, and a waiter that leaves the queue wakes
-// only the one behind it, which then watches the key ahead of the leaver.
-// The waiter also watches its own key, so that it learns within moments
-// that its lease expired or was revoked, while its predecessor still holds
-// (etcd's Mutex only notices when every earlier key is gone: etcd issue
-// 19597).
-func (m *Mutex) wait(ctx context.Context, rev int64, pred string, readRev int64) (*pb.ResponseHeader, error) {
+// The waiter watches only its blockers, not the whole prefix: for a Mutex
+// that is the key just ahead, so a release wakes exactly the next waiter,
+// and a waiter that leaves the queue wakes only the one behind it, which
+// then watches the key ahead of the leaver. The waiter also watches its own
+// key, so that it learns within moments that its lease expired or was
+// revoked, while its blockers still hold (etcd's Mutex only notices when
+// every earlier key is gone: etcd issue 19597; its RWMutex recipe then even
+// acquires without a key: etcd issue 16221).
+func (q *queue) wait(ctx context.Context, me entry, blockers []entry, readRev int64) (*pb.ResponseHeader, error) {
 	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
 	backoff := minBackoff
 	for {
 		started := time.Now()
-		hdr, err := m.watchTurn(ctx, rev, pred, readRev)
-		if !m.retryable(ctx, err) {
+		hdr, err := q.watchTurn(ctx, me, blockers, readRev)
+		if !q.retryable(ctx, err) {
 			return hdr, err
 		}
 		if time.Since(started) > maxBackoff {
@@ -56,15 +663,15 @@ func (m *Mutex) wait(ctx context.Context, rev int64, pred string, readRev int64)
 			case <-t.C:
 			}
 			backoff = min(2*backoff, maxBackoff)
-			hdr, pred, err = m.check(ctx, rev, 0)
+			hdr, blockers, err = q.check(ctx, me, 0)
 			if err == nil {
 				break
 			}
-			if !m.retryable(ctx, err) {
+			if !q.retryable(ctx, err) {
 				return nil, err
 			}
 		}
-		if pred == "" {
+		if len(blockers) == 0 {
 			return hdr, nil
 		}
 		readRev = hdr.Revision
@@ -75,8 +682,8 @@ func (m *Mutex) wait(ctx context.Context, rev int64, pred string, readRev int64)
 // watch, or an etcd error that passes (no leader, leader changed, a
 // timeout inside etcd, a member out of reach), while ctx and the session
 // last.
-func (m *Mutex) retryable(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil || m.s.Err() != nil {
+func (q *queue) retryable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || q.s.Err() != nil {
 		return false
 	}
 	if errors.Is(err, errWatchBroken) {
@@ -102,25 +709,53 @@ func (m *Mutex) retryable(ctx context.Context, err error) bool {
 	return false
 }
 
-// watchTurn waits for the predecessors of the key created at rev to go,
-// starting from pred seen at readRev. It returns errWatchBroken when a
-// watch fails.
-func (m *Mutex) watchTurn(ctx context.Context, rev int64, pred string, readRev int64) (*pb.ResponseHeader, error) {
+// A blockerWatch is the watch on one blocker of a waiter, or on the whole
+// prefix (key == pfx) when the waiter has more than maxWatched blockers.
+type blockerWatch struct {
+	key    string
+	mode   KeyMode // the blocker's mode when it was read
+	ch     clientv3.WatchChan
+	cancel context.CancelFunc
+}
+
+// watched returns the keys a waiter with blockers watches: each blocker,
+// or the prefix when they are more than maxWatched. A capacity far above
+// the typical weight makes a Semaphore's window that wide; no scheme
+// without extra writes can watch fewer keys (any of those holders' release
+// admits the waiter), so it watches every deletion of the lock instead.
+func (q *queue) watched(blockers []entry) []string {
+	if len(blockers) > maxWatched {
+		return []string{q.pfx}
+	}
+	keys := make([]string, len(blockers))
+	for i, b := range blockers {
+		keys[i] = b.key
+	}
+	return keys
+}
+
+// watchTurn waits until me's rule admits it, starting from blockers seen
+// at readRev. It returns errWatchBroken when a watch fails.
+func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, readRev int64) (*pb.ResponseHeader, error) {
 	// WithRequireLeader: a member cut off from the leader cancels the watch
 	// rather than leaving it silent while the lock moves on elsewhere.
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 
-	own, ownRev, err := m.openWatch(wctx, m.key)
+	own, ownRev, err := q.openWatch(wctx, q.key)
 	if err != nil {
 		return nil, err
 	}
+	watches := map[string]*blockerWatch{}
+	defer func() {
+		for _, w := range watches {
+			w.cancel()
+		}
+	}()
 	watchedFrom := ownRev
 	for {
-		pctx, pcancel := context.WithCancel(wctx)
-		predCh, predRev, err := m.openWatch(pctx, pred)
-		if err != nil {
-			pcancel()
+		keys := q.watched(blockers)
+		if err := q.rewatch(wctx, me, watches, blockers, keys, &watchedFrom); err != nil {
 			return nil, err
 		}
 		// The watches deliver events after the revision at which they were
@@ -130,136 +765,245 @@ func (m *Mutex) watchTurn(ctx context.Context, rev int64, pred string, readRev i
 		// wait for the next resync pass, up to 100 ms later (etcd's
 		// watchResyncPeriod): that is the handoff delay of etcd's Mutex.
 		// Starting now leaves a gap, (readRev, created]; one read closes it,
-		// and only when the gap is not empty.
-		watchedFrom = max(watchedFrom, predRev)
+		// and only when the gap is not empty. A watch kept from before has
+		// run since before readRev: it leaves no gap.
 		if watchedFrom > readRev {
-			hdr, next, err := m.check(ctx, rev, watchedFrom)
-			if err != nil || next == "" {
-				pcancel()
+			hdr, next, err := q.check(ctx, me, watchedFrom)
+			if err != nil || len(next) == 0 {
 				return hdr, err
 			}
 			readRev = hdr.Revision
-			if next != pred {
-				pcancel()
-				pred = next
+			if !sameKeys(q.watched(next), keys) {
+				blockers = next
 				continue
 			}
 		}
 
-		if m.testHookWait != nil {
-			m.testHookWait(pred)
+		if q.testHookWait != nil {
+			q.testHookWait(keys)
 		}
-		deleted, at, err := m.waitDelete(ctx, own, predCh, readRev)
-		pcancel()
+		at, err := q.waitDelete(ctx, me, own, watches, readRev)
 		if err != nil {
 			return nil, err
 		}
-		if deleted == m.key {
-			return nil, m.lostWhileWaiting(ctx)
-		}
-		// The predecessor is gone (released, expired, or left the queue).
-		// One round trip checks that our key is still ours and finds who,
-		// if anyone, is now ahead.
-		hdr, next, err := m.check(ctx, rev, at)
-		if err != nil || next == "" {
+		// A blocker is gone (released, expired, or left the queue). One
+		// round trip checks that our key is still ours and finds what, if
+		// anything, keeps us out now.
+		hdr, next, err := q.check(ctx, me, at)
+		if err != nil || len(next) == 0 {
 			return hdr, err
 		}
-		pred, readRev, watchedFrom = next, hdr.Revision, 0
+		blockers, readRev, watchedFrom = next, hdr.Revision, 0
 	}
+}
+
+// rewatch makes watches watch exactly keys (of blockers): it cancels the
+// watches of keys no longer wanted and opens the new ones concurrently (a
+// Semaphore's waiter can have several), and raises *from to the latest
+// revision at which one was created.
+//
+// Watches see deletions only, except a reader's: its blocker, a write
+// lock, may become a read lock in place (Downgrade), which admits it.
+func (q *queue) rewatch(ctx context.Context, me entry, watches map[string]*blockerWatch, blockers []entry, keys []string, from *int64) error {
+	modes := make(map[string]KeyMode, len(blockers))
+	for _, b := range blockers {
+		modes[b.key] = b.mode
+	}
+	want := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		want[k] = true
+	}
+	for k, w := range watches {
+		if !want[k] {
+			w.cancel()
+			delete(watches, k)
+		}
+	}
+	var opened []*blockerWatch
+	for _, k := range keys {
+		if watches[k] != nil {
+			continue
+		}
+		opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+		switch {
+		case k == q.pfx:
+			opts = append(opts, clientv3.WithFilterPut(), clientv3.WithPrefix(), clientv3.WithPrevKV())
+		case !me.mode.Shared:
+			opts = append(opts, clientv3.WithFilterPut())
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		w := &blockerWatch{key: k, mode: modes[k], ch: q.s.cli.Watch(wctx, k, opts...), cancel: cancel}
+		watches[k] = w
+		opened = append(opened, w)
+	}
+	for _, w := range opened {
+		wr, ok := <-w.ch
+		if !ok || wr.Err() != nil || !wr.Created {
+			return q.watchErr(ctx, wr)
+		}
+		*from = max(*from, wr.Header.Revision)
+	}
+	return nil
+}
+
+// sameKeys reports whether a and b hold the same keys in the same order.
+func sameKeys(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // openWatch watches key for deletions from the current revision on and
 // returns the watch and the revision at which it was created. Like every
-// wait of a Mutex, it relies on ctx being bound to the session
+// wait of a queue, it relies on ctx being bound to the session
 // (Session.bound): the watch channel closes when ctx ends.
-func (m *Mutex) openWatch(ctx context.Context, key string) (clientv3.WatchChan, int64, error) {
-	ch := m.s.cli.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+func (q *queue) openWatch(ctx context.Context, key string) (clientv3.WatchChan, int64, error) {
+	ch := q.s.cli.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 	wr, ok := <-ch
 	if !ok || wr.Err() != nil || !wr.Created {
-		return nil, 0, m.watchErr(ctx, wr)
+		return nil, 0, q.watchErr(ctx, wr)
 	}
 	return ch, wr.Header.Revision, nil
 }
 
-// waitDelete returns the key and revision of the first deletion seen on own
-// or pred after readRev, when both keys were seen alive.
-func (m *Mutex) waitDelete(ctx context.Context, own, pred clientv3.WatchChan, readRev int64) (string, int64, error) {
+// waitDelete returns the revision of the first deletion of a blocker (or
+// change of its mode) seen after readRev, when all were seen alive. It
+// returns lostWhileWaiting's error when own (the waiter's own key) is
+// deleted.
+func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan, watches map[string]*blockerWatch, readRev int64) (int64, error) {
+	// The common case, a Mutex's single blocker, needs no reflection.
+	var cases []reflect.SelectCase
+	var keys []string
+	if len(watches) != 1 {
+		cases = []reflect.SelectCase{
+			{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+			{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(own)},
+		}
+		for k, w := range watches {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.ch)})
+			keys = append(keys, k)
+		}
+	}
+	var one *blockerWatch
+	for _, w := range watches {
+		one = w
+	}
 	for {
 		var wr clientv3.WatchResponse
 		var ok bool
-		select {
-		case wr, ok = <-own:
-		case wr, ok = <-pred:
-		case <-ctx.Done():
-			return "", 0, ctx.Err()
+		key := "" // the watch's key; "" for own
+		if cases == nil {
+			select {
+			case wr, ok = <-own:
+			case wr, ok = <-one.ch:
+				key = one.key
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		} else {
+			i, v, recvOK := reflect.Select(cases)
+			if i == 0 {
+				return 0, ctx.Err()
+			}
+			ok = recvOK
+			if recvOK {
+				wr = v.Interface().(clientv3.WatchResponse)
+			}
+			if i > 1 {
+				key = keys[i-2]
+			}
 		}
 		if !ok || wr.Err() != nil {
-			return "", 0, m.watchErr(ctx, wr)
+			return 0, q.watchErr(ctx, wr)
 		}
 		for _, ev := range wr.Events {
 			// A watch from "now" starts at the serving member's revision,
 			// which may lag behind readRev: a deletion at or before readRev
 			// is of an earlier key of the same name, replayed.
-			if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > readRev {
-				return string(ev.Kv.Key), ev.Kv.ModRevision, nil
+			if ev.Kv.ModRevision <= readRev {
+				continue
+			}
+			if ev.Type == mvccpb.PUT {
+				// Only a reader sees Puts: a Downgrade changes the mode;
+				// WithMaxHold's re-binding and a holder's record do not.
+				if key != "" && key != q.pfx && ParseKeyMode(ev.Kv.Value) != watches[key].mode {
+					return ev.Kv.ModRevision, nil
+				}
+				continue
+			}
+			switch {
+			case key == "":
+				return 0, q.lostWhileWaiting(ctx)
+			case key != q.pfx:
+				return ev.Kv.ModRevision, nil
+			case !q.isChild(ev.Kv.Key):
+			case ev.PrevKv == nil || ev.PrevKv.CreateRevision < me.rev:
+				// A key ahead went (or one we cannot tell: look).
+				return ev.Kv.ModRevision, nil
 			}
 		}
 	}
 }
 
 // watchErr explains why a watch ended: the caller's ctx, or a broken watch.
-func (m *Mutex) watchErr(ctx context.Context, wr clientv3.WatchResponse) error {
+func (q *queue) watchErr(ctx context.Context, wr clientv3.WatchResponse) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return errorf("%w: %w", errWatchBroken, wr.Err())
 }
 
-// check reads, in one round trip, whether the key created at rev is still
-// ours and which key, if any, is now just ahead of it ("" when none: the
-// lock is ours).
+// check reads, in one round trip, whether my key is still mine (same
+// create revision) and what now keeps me out: the blockers, none when I am
+// admitted.
 //
 // The answer must reflect the store at minRev or later (the deletion or
 // watch creation that prompted the check), and nothing more: keys created
-// later are behind ours, so a state at any revision from minRev on gives
+// later are behind mine, so a state at any revision from minRev on gives
 // the same verdict as the newest. That lets a member answer from its own
 // state (a serializable read, no round trip to the leader) whenever it has
 // applied minRev; a member that lags is asked again linearizably. With
 // minRev 0 the read is linearizable at once.
-func (m *Mutex) check(ctx context.Context, rev, minRev int64) (*pb.ResponseHeader, string, error) {
-	cmp := clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev)
+func (q *queue) check(ctx context.Context, me entry, minRev int64) (*pb.ResponseHeader, []entry, error) {
+	cmp := clientv3.Compare(clientv3.CreateRevision(q.key), "=", me.rev)
 	var resp *clientv3.TxnResponse
 	if minRev > 0 {
-		r, err := m.s.cli.Txn(ctx).If(cmp).Then(m.opQueue(rev-1, clientv3.WithSerializable())).Commit()
+		r, err := q.s.cli.Txn(ctx).If(cmp).Then(q.opQueue(me.mode, me.rev-1, clientv3.WithSerializable())).Commit()
 		if err != nil {
-			return nil, "", m.rpcErr(err)
+			return nil, nil, q.rpcErr(err)
 		}
 		if r.Header.Revision >= minRev {
 			resp = r
 		}
 	}
 	if resp == nil {
-		r, err := m.s.cli.Txn(ctx).If(cmp).Then(m.opQueue(rev - 1)).Commit()
+		r, err := q.s.cli.Txn(ctx).If(cmp).Then(q.opQueue(me.mode, me.rev-1)).Commit()
 		if err != nil {
-			return nil, "", m.rpcErr(err)
+			return nil, nil, q.rpcErr(err)
 		}
 		resp = r
 	}
 	if !resp.Succeeded {
-		return nil, "", m.lostWhileWaiting(ctx)
+		return nil, nil, q.lostWhileWaiting(ctx)
 	}
-	pred, hdr, err := m.predecessor(ctx, rev, resp.Responses[0].GetResponseRange(), resp.Header)
-	return hdr, pred, err
+	blockers, _, hdr, err := q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
+	return hdr, blockers, err
 }
 
 // lostWhileWaiting says why a waiter's key disappeared: ErrSessionExpired if
 // the session's lease is gone (and the session ends with it), else
 // ErrLockLost: someone deleted the key.
-func (m *Mutex) lostWhileWaiting(ctx context.Context) error {
-	if err := m.s.Err(); err != nil {
+func (q *queue) lostWhileWaiting(ctx context.Context) error {
+	if err := q.s.Err(); err != nil {
 		return err
 	}
-	cause := m.keyGone(ctx, 0)
+	cause := q.keyGone(ctx, 0)
 	if errors.Is(cause, ErrSessionExpired) {
 		return cause
 	}
@@ -269,26 +1013,26 @@ func (m *Mutex) lostWhileWaiting(ctx context.Context) error {
 	return errorf("%w while waiting: %w", ErrLockLost, cause)
 }
 
-// keyGone says why this Mutex's key is gone, asking etcd whether the lease
+// keyGone says why this queue's key is gone, asking etcd whether the lease
 // it was bound to still exists: the session's lease, or maxLease when not
 // 0. If the session's lease is gone, the session ends now (rather than at
 // its next renewal) and its error is returned: "lease ... was revoked or
 // expired". Else the key was deleted. It costs one RPC, on the loss path
 // only.
-func (m *Mutex) keyGone(ctx context.Context, maxLease clientv3.LeaseID) error {
-	lease := m.s.Lease()
+func (q *queue) keyGone(ctx context.Context, maxLease clientv3.LeaseID) error {
+	lease := q.s.Lease()
 	if maxLease != 0 {
 		lease = maxLease
 	}
-	resp, err := m.s.cli.TimeToLive(ctx, lease)
+	resp, err := q.s.cli.TimeToLive(ctx, lease)
 	switch {
 	case err != nil:
-		return errorf("key %s is gone (lease check failed: %v)", m.key, err)
+		return errorf("key %s is gone (lease check failed: %v)", q.key, err)
 	case resp.TTL >= 0: // 0 is a live lease with under 1s left
-		return errorf("key %s was deleted", m.key)
+		return errorf("key %s was deleted", q.key)
 	case maxLease != 0:
 		return errorf("max hold lease %x was revoked or expired", maxLease)
 	}
-	m.s.lost()
-	return m.s.Err()
+	q.s.lost()
+	return q.s.Err()
 }

@@ -16,7 +16,8 @@ import (
 // the others, and on any error once ctx or the session has ended.
 func TestRetryable(t *testing.T) {
 	s := &Session{donec: make(chan struct{})}
-	m := &Mutex{s: s}
+	m := &Mutex{}
+	m.s = s
 	ctx := context.Background()
 	for _, tc := range []struct {
 		err  error

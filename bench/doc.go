@@ -1,5 +1,6 @@
 // Package bench compares this module's Mutex with etcd's
-// concurrency.Mutex on the same etcd (server processes started by
+// concurrency.Mutex, its RWMutex with etcd's recipe RWMutex, and its
+// Semaphore with its own Mutex, on the same etcd (server processes started by
 // internal/etcdtest, fsync on), from one process, one implementation after
 // the other, on one member or three.
 //
@@ -13,7 +14,20 @@
 //     session, taking turns; the time is per acquisition;
 //   - fifo-50, fifo-1000: a queue of waiters, each with its own session
 //     (sharing 8 or 16 clients), drained after the holder releases; the
-//     time is per handoff.
+//     time is per handoff;
+//   - rw-uncontended-read, rw-uncontended-write: RLock+RUnlock and
+//     Lock+Unlock of our RWMutex and of etcd's recipe RWMutex
+//     (client/v3/experimental/recipes), nobody else around;
+//   - rw-16r2w: 16 readers and 2 writers, each with its own client and
+//     session, looping; the time is per acquisition of either kind;
+//   - sem-uncontended, sem-4x16: our Semaphore (etcd has none), alone
+//     (1 of 4 permits) and with 16 contenders for 4 permits of 1. Their
+//     Impls is etcdlock only, and their Versus compares them with our own
+//     Mutex in uncontended and contend-16;
+//   - sem-fifo-100, sem-fifo-1000: fifo's queue of waiters for 1 of 4
+//     permits behind a holder of all 4; up to 4 hold at once (the order
+//     in which holders record themselves is not checked: it is not the
+//     order of admission). Compared with fifo-50 and sem-fifo-100.
 //
 // The idle command (go run ./bench/cmd/idle) measures something else:
 // what idle sessions cost to keep alive. It runs 100 and 1000 sessions of
@@ -32,7 +46,8 @@
 // revs/op, acq/s, B/waiter and goroutines/waiter.
 //
 // The scenarios fail, rather than measure, a lock that lets two holders in
-// at once or serves a queue out of order.
+// at once (a writer with anyone, more permits than the capacity) or serves
+// a queue out of order.
 //
 // Each figure is per operation, counted over a window that holds only the
 // operations measured:

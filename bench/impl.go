@@ -9,6 +9,7 @@ import (
 	"github.com/etcdlock/etcdlock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
 )
 
 // ErrLocked is returned by a Mutex's TryLock, whatever the implementation,
@@ -33,7 +34,27 @@ type Impl struct {
 type Session interface {
 	Lease() clientv3.LeaseID
 	NewMutex(name string) Mutex
+	// NewRWMutex returns the implementation's reader/writer lock: for etcd,
+	// its experimental recipe.
+	NewRWMutex(name string) RWMutex
+	// NewSemaphore returns the implementation's weighted semaphore, or nil
+	// when it has none (etcd): such scenarios name their Impls.
+	NewSemaphore(name string, capacity int64) Semaphore
 	Close() error
+}
+
+// An RWMutex is what the scenarios use of a reader/writer lock.
+type RWMutex interface {
+	Lock(ctx context.Context) error
+	Unlock(ctx context.Context) error
+	RLock(ctx context.Context) error
+	RUnlock(ctx context.Context) error
+}
+
+// A Semaphore is what the scenarios use of a weighted semaphore.
+type Semaphore interface {
+	Acquire(ctx context.Context, n int64) error
+	Release(ctx context.Context) error
 }
 
 // A Mutex is what the scenarios use of a mutex. TryLock returns an error
@@ -91,6 +112,14 @@ func (s etcdlockSession) NewMutex(name string) Mutex {
 	return etcdlockMutex{etcdlock.NewMutex(s.Session, name)}
 }
 
+func (s etcdlockSession) NewRWMutex(name string) RWMutex {
+	return etcdlock.NewRWMutex(s.Session, name)
+}
+
+func (s etcdlockSession) NewSemaphore(name string, capacity int64) Semaphore {
+	return etcdlock.NewSemaphore(s.Session, name, capacity)
+}
+
 type etcdlockMutex struct{ *etcdlock.Mutex }
 
 func (m etcdlockMutex) TryLock(ctx context.Context) error {
@@ -101,6 +130,41 @@ type etcdSession struct{ *concurrency.Session }
 
 func (s etcdSession) NewMutex(name string) Mutex {
 	return etcdMutex{concurrency.NewMutex(s.Session, name)}
+}
+
+func (s etcdSession) NewRWMutex(name string) RWMutex {
+	return etcdRWMutex{recipe.NewRWMutex(s.Session, name)}
+}
+
+// NewSemaphore returns nil: etcd has no semaphore.
+func (s etcdSession) NewSemaphore(string, int64) Semaphore { return nil }
+
+// etcdRWMutex is etcd's recipe RWMutex. It takes no ctx and cannot be
+// cancelled: use it only in runs that end normally.
+type etcdRWMutex struct{ m *recipe.RWMutex }
+
+func (m etcdRWMutex) Lock(context.Context) error    { return m.m.Lock() }
+func (m etcdRWMutex) Unlock(context.Context) error  { return m.m.Unlock() }
+func (m etcdRWMutex) RLock(context.Context) error   { return m.m.RLock() }
+func (m etcdRWMutex) RUnlock(context.Context) error { return m.m.RUnlock() }
+
+// semMutex is n permits of a Semaphore used as a Mutex, for the harness
+// of the Mutex scenarios.
+type semMutex struct {
+	s Semaphore
+	n int64
+}
+
+func (m semMutex) Lock(ctx context.Context) error   { return m.s.Acquire(ctx, m.n) }
+func (m semMutex) Unlock(ctx context.Context) error { return m.s.Release(ctx) }
+func (m semMutex) TryLock(ctx context.Context) error {
+	s, ok := m.s.(interface {
+		TryAcquire(context.Context, int64) error
+	})
+	if !ok {
+		return errors.New("bench: this Semaphore has no TryAcquire")
+	}
+	return lockedErr(s.TryAcquire(ctx, m.n), etcdlock.ErrLocked)
 }
 
 type etcdMutex struct{ *concurrency.Mutex }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -30,6 +31,30 @@ type Scenario struct {
 	// stopped around what is measured. Run returns an error when the
 	// lock misbehaved: two holders at once, or waiters served out of order.
 	Run func(ctx context.Context, env *Env, impl Impl, n int, timer Timer) (Result, error)
+	// Impls names the implementations the scenario runs for; nil: all.
+	Impls []string
+	// Versus, when set, is the result that ratios and targets compare ours
+	// with, instead of the other implementation in this scenario: for
+	// primitives etcd does not have, one of our own scenarios.
+	Versus *Ref
+	// Baseline names "theirs" in the tables; default "etcd Mutex".
+	Baseline string
+}
+
+// A Ref names one implementation's results in one scenario.
+type Ref struct{ Scenario, Impl string }
+
+// RunsFor reports whether sc runs for the implementation called impl.
+func (sc Scenario) RunsFor(impl string) bool {
+	return sc.Impls == nil || slices.Contains(sc.Impls, impl)
+}
+
+// Theirs returns what sc's results for ours are compared with.
+func (sc Scenario) Theirs() Ref {
+	if sc.Versus != nil {
+		return *sc.Versus
+	}
+	return Ref{sc.Name, Etcd.Name}
 }
 
 // Scenarios are all the scenarios, in the order of the tables.
@@ -64,6 +89,80 @@ var Scenarios = []Scenario{
 		Targets: []Target{RatioAtMost(0.8), RPCsAtMost(2), ConstantMemory(1.5)},
 		Run:     fifo(1000),
 	},
+	{
+		Name: "rw-uncontended-read", Unit: "RLock+RUnlock", Short: true, N: 100, ShortN: 20,
+		Targets:  []Target{RatioAtMost(1.0), RPCsEqual(2)},
+		Baseline: "etcd recipe RWMutex",
+		Run: uncontendedOf("rw-uncontended-read", func(s Session, name string) func(context.Context) error {
+			m := s.NewRWMutex(name)
+			return pair("RLock", m.RLock, "RUnlock", m.RUnlock)
+		}),
+	},
+	{
+		Name: "rw-uncontended-write", Unit: "Lock+Unlock", Short: true, N: 100, ShortN: 20,
+		Targets:  []Target{RatioAtMost(1.0), RPCsEqual(2)},
+		Baseline: "etcd recipe RWMutex",
+		Run: uncontendedOf("rw-uncontended-write", func(s Session, name string) func(context.Context) error {
+			m := s.NewRWMutex(name)
+			return pair("Lock", m.Lock, "Unlock", m.Unlock)
+		}),
+	},
+	{
+		Name: "rw-16r2w", Unit: "acquisition", Short: true, N: 100, ShortN: 20,
+		Targets:  []Target{RatioAtMost(0.2)},
+		Baseline: "etcd recipe RWMutex",
+		Run:      rwContend(16, 2),
+	},
+	{
+		Name: "sem-uncontended", Unit: "Acquire+Release", Short: true, N: 100, ShortN: 20,
+		Targets:  []Target{RatioAtMost(1.05), RPCsEqual(2)},
+		Impls:    []string{Etcdlock.Name},
+		Versus:   &Ref{"uncontended", Etcdlock.Name},
+		Baseline: "etcdlock Mutex",
+		Run: uncontendedOf("sem-uncontended", func(s Session, name string) func(context.Context) error {
+			m := semMutex{s.NewSemaphore(name, 4), 1}
+			return pair("Acquire", m.Lock, "Release", m.Unlock)
+		}),
+	},
+	{
+		Name: "sem-4x16", Unit: "acquisition", Short: true, N: 100, ShortN: 20,
+		Targets:  []Target{RatioAtMost(1.0)},
+		Impls:    []string{Etcdlock.Name},
+		Versus:   &Ref{"contend-16", Etcdlock.Name},
+		Baseline: "etcdlock Mutex (contend-16)",
+		Run: contendWith("sem-4x16", 16, 4, func(s Session, name string) Mutex {
+			return semMutex{s.NewSemaphore(name, 4), 1}
+		}),
+	},
+	{
+		Name: "sem-fifo-100", Unit: "handoff", Short: true, N: 1, ShortN: 1,
+		Targets:  []Target{RPCsAtMost(2), ConstantMemory(1.5)},
+		Impls:    []string{Etcdlock.Name},
+		Versus:   &Ref{"fifo-50", Etcdlock.Name},
+		Baseline: "etcdlock Mutex (fifo-50)",
+		Run:      semFIFO(100, 4),
+	},
+	{
+		Name: "sem-fifo-1000", Unit: "handoff", Short: false, N: 1, ShortN: 1,
+		Targets:  []Target{RPCsAtMost(2), ConstantMemory(1.5)},
+		Impls:    []string{Etcdlock.Name},
+		Versus:   &Ref{"sem-fifo-100", Etcdlock.Name},
+		Baseline: "etcdlock Semaphore (sem-fifo-100)",
+		Run:      semFIFO(1000, 4),
+	},
+}
+
+// pair returns one iteration of an uncontended scenario: lock, then unlock.
+func pair(lockOp string, lock func(context.Context) error, unlockOp string, unlock func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := lock(ctx); err != nil {
+			return fmt.Errorf("bench: %s: %w", lockOp, err)
+		}
+		if err := unlock(ctx); err != nil {
+			return fmt.Errorf("bench: %s: %w", unlockOp, err)
+		}
+		return nil
+	}
 }
 
 // Lookup returns the scenario called name.
@@ -78,36 +177,46 @@ func Lookup(name string) (Scenario, bool) {
 
 // uncontended measures Lock then Unlock by one session that no one else
 // competes with.
-func uncontended(ctx context.Context, env *Env, impl Impl, n int, timer Timer) (Result, error) {
-	cs, err := env.newClients(1, env.singleMember())
-	if err != nil {
-		return Result{}, err
-	}
-	defer cs.close()
-	ss, err := newSessions(ctx, impl, cs.clis, 1)
-	if err != nil {
-		return Result{}, err
-	}
-	defer closeSessions(ss)
-	m := ss[0].NewMutex(env.lockName("uncontended", impl))
+var uncontended = uncontendedOf("uncontended", func(s Session, name string) func(context.Context) error {
+	m := s.NewMutex(name)
+	return func(ctx context.Context) error { return lockUnlock(ctx, m) }
+})
 
-	// One round outside the window warms the connection up.
-	if err := lockUnlock(ctx, m); err != nil {
-		return Result{}, err
-	}
-	mt := newMeter(env, &cs.rpcs, timer)
-	if err := mt.start(ctx); err != nil {
-		return Result{}, err
-	}
-	for range n {
-		if err := lockUnlock(ctx, m); err != nil {
+// uncontendedOf returns the scenario called label in which one session
+// that no one else competes with runs the iteration that newOp returns,
+// for a lock of its own.
+func uncontendedOf(label string, newOp func(s Session, name string) func(context.Context) error) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
+	return func(ctx context.Context, env *Env, impl Impl, n int, timer Timer) (Result, error) {
+		cs, err := env.newClients(1, env.singleMember())
+		if err != nil {
 			return Result{}, err
 		}
+		defer cs.close()
+		ss, err := newSessions(ctx, impl, cs.clis, 1)
+		if err != nil {
+			return Result{}, err
+		}
+		defer closeSessions(ss)
+		op := newOp(ss[0], env.lockName(label, impl))
+
+		// One round outside the window warms the connection up.
+		if err := op(ctx); err != nil {
+			return Result{}, err
+		}
+		mt := newMeter(env, &cs.rpcs, timer)
+		if err := mt.start(ctx); err != nil {
+			return Result{}, err
+		}
+		for range n {
+			if err := op(ctx); err != nil {
+				return Result{}, err
+			}
+		}
+		if err := mt.stop(ctx, int64(n)); err != nil {
+			return Result{}, err
+		}
+		return mt.result(), nil
 	}
-	if err := mt.stop(ctx, int64(n)); err != nil {
-		return Result{}, err
-	}
-	return mt.result(), nil
 }
 
 func lockUnlock(ctx context.Context, m Mutex) error {
@@ -176,6 +285,13 @@ func tryLockHeld(ctx context.Context, env *Env, impl Impl, n int, timer Timer) (
 // On the side, each holder counts itself in and out: if a holder finds
 // another inside, the run fails.
 func contend(k int) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
+	return contendWith(fmt.Sprintf("contend-%d", k), k, 1, Session.NewMutex)
+}
+
+// contendWith is contend for the lock called label, taken with newLock,
+// which admits up to capacity holders at once: more fail the run, and with
+// a capacity above 1 so does never having more than one inside.
+func contendWith(label string, k int, capacity int64, newLock func(s Session, name string) Mutex) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
 	return func(ctx context.Context, env *Env, impl Impl, n int, timer Timer) (Result, error) {
 		cs, err := env.newClients(k, 0)
 		if err != nil {
@@ -188,12 +304,14 @@ func contend(k int) func(context.Context, *Env, Impl, int, Timer) (Result, error
 		}
 		defer closeSessions(ss)
 
-		name := env.lockName(fmt.Sprintf("contend-%d", k), impl)
+		name := env.lockName(label, impl)
 		mt := newMeter(env, &cs.rpcs, timer)
 		warm, last := int64(k), int64(k+n)
+		started := make(chan struct{}) // closed once the meter started
 		var (
-			inside atomic.Int64 // holders inside the critical section
-			seq    atomic.Int64 // acquisitions so far
+			inside    atomic.Int64 // holders inside the critical section
+			maxInside atomic.Int64 // the most seen inside at once
+			seq       atomic.Int64 // acquisitions so far
 		)
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -211,7 +329,7 @@ func contend(k int) func(context.Context, *Env, Impl, int, Timer) (Result, error
 		}
 		var wg sync.WaitGroup
 		for _, s := range ss {
-			m := s.NewMutex(name)
+			m := newLock(s, name)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -220,15 +338,23 @@ func contend(k int) func(context.Context, *Env, Impl, int, Timer) (Result, error
 						fail(fmt.Errorf("bench: Lock: %w", err))
 						return
 					}
-					if in := inside.Add(1); in != 1 {
-						fail(fmt.Errorf("bench: mutual exclusion violated: %d holders inside at once", in))
+					in := inside.Add(1)
+					if in > capacity {
+						fail(fmt.Errorf("bench: mutual exclusion violated: %d holders inside at once, capacity %d", in, capacity))
 						return
+					}
+					for m := maxInside.Load(); in > m && !maxInside.CompareAndSwap(m, in); m = maxInside.Load() {
 					}
 					var err error
 					switch seq.Add(1) {
 					case warm:
 						err = mt.start(ctx)
+						close(started)
 					case last:
+						// With holders inside at once, the last
+						// acquisition can come before the warm one has
+						// started the meter.
+						<-started
 						err = mt.stop(ctx, int64(n))
 					default:
 						runtime.Gosched() // give an intruder time to show up
@@ -240,6 +366,101 @@ func contend(k int) func(context.Context, *Env, Impl, int, Timer) (Result, error
 					}
 					if err := m.Unlock(ctx); err != nil {
 						fail(fmt.Errorf("bench: Unlock: %w", err))
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if firstErr != nil {
+			return Result{}, firstErr
+		}
+		if capacity > 1 && maxInside.Load() < 2 {
+			return Result{}, fmt.Errorf("bench: never more than one holder inside, capacity %d", capacity)
+		}
+		return mt.result(), nil
+	}
+}
+
+// rwContend returns the scenario of readers and writers, each with its own
+// client and session, that loop RLock/RUnlock and Lock/Unlock as fast as
+// they can; an acquisition is either. The first readers+writers
+// acquisitions warm up; the window spans the next n. A writer inside with
+// anyone else fails the run.
+func rwContend(readers, writers int) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
+	return func(ctx context.Context, env *Env, impl Impl, n int, timer Timer) (Result, error) {
+		k := readers + writers
+		cs, err := env.newClients(k, 0)
+		if err != nil {
+			return Result{}, err
+		}
+		defer cs.close()
+		ss, err := newSessions(ctx, impl, cs.clis, k)
+		if err != nil {
+			return Result{}, err
+		}
+		defer closeSessions(ss)
+
+		name := env.lockName(fmt.Sprintf("rw-%dr%dw", readers, writers), impl)
+		mt := newMeter(env, &cs.rpcs, timer)
+		warm, last := int64(k), int64(k+n)
+		started := make(chan struct{}) // closed once the meter started
+		var (
+			rInside, wInside atomic.Int64
+			seq              atomic.Int64
+			mu               sync.Mutex
+			firstErr         error
+		)
+		fail := func(err error) {
+			mu.Lock()
+			if firstErr == nil {
+				firstErr = err
+			}
+			mu.Unlock()
+		}
+		var wg sync.WaitGroup
+		for i, s := range ss {
+			m := s.NewRWMutex(name)
+			writer := i < writers
+			lock, unlock, own, other := m.RLock, m.RUnlock, &rInside, &wInside
+			if writer {
+				lock, unlock, own, other = m.Lock, m.Unlock, &wInside, &rInside
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for seq.Load() < last {
+					if err := lock(ctx); err != nil {
+						fail(fmt.Errorf("bench: lock: %w", err))
+						return
+					}
+					in := own.Add(1)
+					if other.Load() != 0 || (writer && in != 1) {
+						fail(errors.New("bench: a writer is inside with another holder"))
+					}
+					var err error
+					switch seq.Add(1) {
+					case warm:
+						err = mt.start(ctx)
+						close(started)
+					case last:
+						// With holders inside at once, the last
+						// acquisition can come before the warm one has
+						// started the meter.
+						<-started
+						err = mt.stop(ctx, int64(n))
+					default:
+						runtime.Gosched() // give an intruder time to show up
+					}
+					own.Add(-1)
+					if err != nil {
+						fail(err)
+					}
+					// The recipe's calls take no ctx: every contender
+					// unlocks and keeps going until the window is over, so
+					// that none is left waiting.
+					if err := unlock(ctx); err != nil {
+						fail(fmt.Errorf("bench: unlock: %w", err))
 						return
 					}
 				}

@@ -70,12 +70,24 @@ func run(members, rounds int, filter string, short bool) error {
 	if len(scenarios) == 0 {
 		return fmt.Errorf("no scenario matches %q", filter)
 	}
+	// A scenario compared with another one needs that one's results too.
+	run := slices.Clone(scenarios)
+	for _, sc := range scenarios {
+		ref := sc.Theirs()
+		if !slices.ContainsFunc(run, func(s bench.Scenario) bool { return s.Name == ref.Scenario }) {
+			other, ok := bench.Lookup(ref.Scenario)
+			if !ok {
+				return fmt.Errorf("%s is compared with the unknown scenario %s", sc.Name, ref.Scenario)
+			}
+			run = append(run, other)
+		}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	before := goleak.IgnoreCurrent()
 	start := time.Now()
-	results, version, err := measure(ctx, members, rounds, short, scenarios)
+	results, version, err := measure(ctx, members, rounds, short, run)
 	if err != nil {
 		return err
 	}
@@ -112,7 +124,12 @@ func measure(ctx context.Context, members, rounds int, short bool, scenarios []b
 			if short {
 				n = sc.ShortN
 			}
-			impls := slices.Clone(bench.Impls)
+			var impls []bench.Impl
+			for _, impl := range bench.Impls {
+				if sc.RunsFor(impl.Name) {
+					impls = append(impls, impl)
+				}
+			}
 			if round%2 == 1 {
 				slices.Reverse(impls) // neither always goes first
 			}
@@ -136,14 +153,19 @@ func measure(ctx context.Context, members, rounds int, short bool, scenarios []b
 }
 
 func printTables(w io.Writer, version string, members, rounds int, scenarios []bench.Scenario, res results) {
-	ours, theirs := bench.Etcdlock.Name, bench.Etcd.Name
-	fmt.Fprintf(w, "etcdlock (ours) vs etcd concurrency.Mutex: etcd %s server processes, %d member(s), fsync on; medians of %d rounds [min-max]\n", version, members, rounds)
-	fmt.Fprintf(w, "ratio = our time / etcd's; rpcs/op = unary calls + streams opened, lease keepalive streams apart (ka/op); allocs/op of the whole process\n\n")
+	ours := bench.Etcdlock.Name
+	fmt.Fprintf(w, "etcdlock (ours) vs theirs (etcd's concurrency.Mutex unless said): etcd %s server processes, %d member(s), fsync on; medians of %d rounds [min-max]\n", version, members, rounds)
+	fmt.Fprintf(w, "ratio = our time / theirs; rpcs/op = unary calls + streams opened, lease keepalive streams apart (ka/op); allocs/op of the whole process\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "scenario\tper\tetcdlock time/op\tetcd time/op\tratio\trpcs/op ours|etcd\tka/op ours|etcd\trevs/op ours|etcd\tallocs/op ours|etcd\ttargets\tmet")
+	fmt.Fprintln(tw, "scenario\tper\tetcdlock time/op\ttheirs time/op\tratio\trpcs/op ours|theirs\tka/op ours|theirs\trevs/op ours|theirs\tallocs/op ours|theirs\ttheirs\ttargets\tmet")
 	var queues []bench.Scenario
 	for _, sc := range scenarios {
-		o, t := bench.Summarize(res[sc.Name][ours]), bench.Summarize(res[sc.Name][theirs])
+		ref := sc.Theirs()
+		o, t := bench.Summarize(res[sc.Name][ours]), bench.Summarize(res[ref.Scenario][ref.Impl])
+		baseline := sc.Baseline
+		if baseline == "" {
+			baseline = "etcd Mutex"
+		}
 		met := "yes"
 		if missed := bench.Check(sc, o, t); len(missed) > 0 {
 			met = "NO: " + strings.Join(missed, ", ")
@@ -152,11 +174,11 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 		for _, t := range sc.Targets {
 			targets = append(targets, t.Text)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3f\t%.2f | %.2f\t%.2f | %.2f\t%.2f | %.2f\t%.0f | %.0f\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3f\t%.2f | %.2f\t%.2f | %.2f\t%.2f | %.2f\t%.0f | %.0f\t%s\t%s\t%s\n",
 			sc.Name, sc.Unit, timeRange(o), timeRange(t), bench.Ratio(o, t),
 			o.RPCsPerOp, t.RPCsPerOp, o.KeepAlivesPerOp, t.KeepAlivesPerOp,
 			o.RevsPerOp, t.RevsPerOp, o.AllocsPerOp, t.AllocsPerOp,
-			strings.Join(targets, " "), met)
+			baseline, strings.Join(targets, " "), met)
 		if o.Queue != nil {
 			queues = append(queues, sc)
 		}
@@ -171,7 +193,10 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\timpl\twaiters measured\tclient B\tof which heap\tof which stack\tgoroutines\tgrowth")
 	for _, sc := range queues {
-		for _, impl := range []string{ours, theirs} {
+		for _, impl := range []string{ours, bench.Etcd.Name} {
+			if !sc.RunsFor(impl) {
+				continue
+			}
 			q := bench.Summarize(res[sc.Name][impl]).Queue
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\n",
 				sc.Name, impl, q.Waiters, q.ClientHeap+q.Stack, q.ClientHeap, q.Stack, q.Goroutines, q.Growth)

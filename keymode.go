@@ -1,0 +1,125 @@
+package etcdlock
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+)
+
+// A KeyMode is what one key of a lock's queue asks for, as etcdlock reads
+// it from the key's value with ParseKeyMode.
+type KeyMode struct {
+	Shared   bool  // a read lock of an RWMutex
+	Weight   int64 // permits of a Semaphore, at least 1; 0 for the other modes
+	Capacity int64 // that Semaphore's capacity, as its client was configured; 0 otherwise
+}
+
+// Exclusive reports whether the key excludes every other key of the lock:
+// a Mutex, an RWMutex write lock, etcd's concurrency.Mutex, `etcdctl lock`,
+// or any value etcdlock does not recognise.
+func (m KeyMode) Exclusive() bool { return !m.Shared && m.Weight == 0 }
+
+// String returns "exclusive", "shared", or a Semaphore's "3 of 10".
+func (m KeyMode) String() string {
+	switch {
+	case m.Shared:
+		return "shared"
+	case m.Weight > 0:
+		return strconv.FormatInt(m.Weight, 10) + " of " + strconv.FormatInt(m.Capacity, 10)
+	}
+	return "exclusive"
+}
+
+// modeHeader starts the value of every key that is not exclusive.
+const modeHeader = "etcdlock/1 "
+
+// value is what a key of mode m holds: "" for exclusive (exactly a Mutex's
+// key, and etcd's), "etcdlock/1 shared", or "etcdlock/1 permits 3 of 10".
+func (m KeyMode) value() string {
+	switch {
+	case m.Shared:
+		return modeHeader + "shared"
+	case m.Weight > 0:
+		return modeHeader + "permits " + strconv.FormatInt(m.Weight, 10) + " of " + strconv.FormatInt(m.Capacity, 10)
+	}
+	return ""
+}
+
+// ParseKeyMode reads the mode from the value of a key of a lock's queue.
+// Only its first line counts (what follows a "\n" is room for a holder's
+// own record), and only in exactly the form etcdlock writes: anything else
+// (the empty value of a Mutex, a JSON record, a newer format) is
+// exclusive, the mode that can never admit more than it should.
+func ParseKeyMode(value []byte) KeyMode {
+	line, _, _ := bytes.Cut(value, []byte("\n"))
+	s, ok := strings.CutPrefix(string(line), modeHeader)
+	if !ok {
+		return KeyMode{}
+	}
+	var m KeyMode
+	if s == "shared" {
+		m = KeyMode{Shared: true}
+	} else if rest, ok := strings.CutPrefix(s, "permits "); ok {
+		ns, cs, _ := strings.Cut(rest, " of ")
+		n, err1 := strconv.ParseInt(ns, 10, 64)
+		c, err2 := strconv.ParseInt(cs, 10, 64)
+		if err1 != nil || err2 != nil || n < 1 || n > c {
+			return KeyMode{}
+		}
+		m = KeyMode{Weight: n, Capacity: c}
+	}
+	// Canonical only: "+3", "03" or trailing blanks are not ours.
+	if m.value() != string(line) {
+		return KeyMode{}
+	}
+	return m
+}
+
+// An entry is one direct child of the lock's prefix: a holder or a waiter.
+type entry struct {
+	key  string
+	rev  int64   // create revision: the place in line, and the token
+	mode KeyMode // from the value; exclusive when the queue was read keys only
+}
+
+// A rule is a grant rule. Given the entries ahead of me, newest first (the
+// whole list, or the newest part of it read so far), it returns the
+// blockers: entries of ahead that keep me out for as long as each of them
+// exists unchanged, whatever else happens in the queue. None: nothing read
+// keeps me out; me is admitted once the whole list has been read. The
+// waiter watches exactly its blockers.
+//
+// Every rule has two properties the queue relies on:
+//   - blockers found in a newest-first part stay blockers of the whole
+//     list, so a scan stops at the first page that yields some;
+//   - fewer entries ahead never turn "admitted" into "blocked" (entries
+//     only leave the part of the queue ahead of me: new ones join behind,
+//     and no key changes its mode in place).
+type rule func(me entry, ahead []entry) (blockers []entry)
+
+// rule returns the grant rule of a key of mode m. Each lives in its
+// primitive's file.
+func (m KeyMode) rule() rule {
+	switch {
+	case m.Shared:
+		return admitShared
+	case m.Weight > 0:
+		return admitWeighted
+	}
+	return admitExclusive
+}
+
+// Holders reports how many keys of a lock's queue, given by their modes
+// oldest create revision first, hold the lock: the longest prefix that
+// Lock, RLock and Acquire admit. The rest wait, in that order. For tools
+// such as `etcdlock status`.
+func Holders(queue []KeyMode) int {
+	ahead := make([]entry, 0, len(queue)) // newest first
+	for i, m := range queue {
+		if len(m.rule()(entry{mode: m}, ahead)) > 0 {
+			return i
+		}
+		ahead = append([]entry{{mode: m}}, ahead...)
+	}
+	return len(queue)
+}
