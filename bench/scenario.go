@@ -305,13 +305,10 @@ func contendWith(label string, k int, capacity int64, newLock func(s Session, na
 		defer closeSessions(ss)
 
 		name := env.lockName(label, impl)
-		mt := newMeter(env, &cs.rpcs, timer)
-		warm, last := int64(k), int64(k+n)
-		started := make(chan struct{}) // closed once the meter started
+		win := newWindow(newMeter(env, &cs.rpcs, timer), k, n)
 		var (
 			inside    atomic.Int64 // holders inside the critical section
 			maxInside atomic.Int64 // the most seen inside at once
-			seq       atomic.Int64 // acquisitions so far
 		)
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -333,7 +330,7 @@ func contendWith(label string, k int, capacity int64, newLock func(s Session, na
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for seq.Load() < last {
+				for !win.over() {
 					if err := m.Lock(ctx); err != nil {
 						fail(fmt.Errorf("bench: Lock: %w", err))
 						return
@@ -345,20 +342,7 @@ func contendWith(label string, k int, capacity int64, newLock func(s Session, na
 					}
 					for m := maxInside.Load(); in > m && !maxInside.CompareAndSwap(m, in); m = maxInside.Load() {
 					}
-					var err error
-					switch seq.Add(1) {
-					case warm:
-						err = mt.start(ctx)
-						close(started)
-					case last:
-						// With holders inside at once, the last
-						// acquisition can come before the warm one has
-						// started the meter.
-						<-started
-						err = mt.stop(ctx, int64(n))
-					default:
-						runtime.Gosched() // give an intruder time to show up
-					}
+					err := win.step(ctx)
 					inside.Add(-1)
 					if err != nil {
 						fail(err)
@@ -378,7 +362,7 @@ func contendWith(label string, k int, capacity int64, newLock func(s Session, na
 		if capacity > 1 && maxInside.Load() < 2 {
 			return Result{}, fmt.Errorf("bench: never more than one holder inside, capacity %d", capacity)
 		}
-		return mt.result(), nil
+		return win.mt.result(), nil
 	}
 }
 
@@ -402,12 +386,9 @@ func rwContend(readers, writers int) func(context.Context, *Env, Impl, int, Time
 		defer closeSessions(ss)
 
 		name := env.lockName(fmt.Sprintf("rw-%dr%dw", readers, writers), impl)
-		mt := newMeter(env, &cs.rpcs, timer)
-		warm, last := int64(k), int64(k+n)
-		started := make(chan struct{}) // closed once the meter started
+		win := newWindow(newMeter(env, &cs.rpcs, timer), k, n)
 		var (
 			rInside, wInside atomic.Int64
-			seq              atomic.Int64
 			mu               sync.Mutex
 			firstErr         error
 		)
@@ -429,7 +410,7 @@ func rwContend(readers, writers int) func(context.Context, *Env, Impl, int, Time
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for seq.Load() < last {
+				for !win.over() {
 					if err := lock(ctx); err != nil {
 						fail(fmt.Errorf("bench: lock: %w", err))
 						return
@@ -438,20 +419,7 @@ func rwContend(readers, writers int) func(context.Context, *Env, Impl, int, Time
 					if other.Load() != 0 || (writer && in != 1) {
 						fail(errors.New("bench: a writer is inside with another holder"))
 					}
-					var err error
-					switch seq.Add(1) {
-					case warm:
-						err = mt.start(ctx)
-						close(started)
-					case last:
-						// With holders inside at once, the last
-						// acquisition can come before the warm one has
-						// started the meter.
-						<-started
-						err = mt.stop(ctx, int64(n))
-					default:
-						runtime.Gosched() // give an intruder time to show up
-					}
+					err := win.step(ctx)
 					own.Add(-1)
 					if err != nil {
 						fail(err)
@@ -470,6 +438,43 @@ func rwContend(readers, writers int) func(context.Context, *Env, Impl, int, Time
 		if firstErr != nil {
 			return Result{}, firstErr
 		}
-		return mt.result(), nil
+		return win.mt.result(), nil
+	}
+}
+
+// A window measures n acquisitions of a contention scenario after k that
+// warm up: the meter starts in the k-th acquisition and stops in the
+// (k+n)-th, both inside the critical section. It is safe for concurrent
+// use by the contenders.
+type window struct {
+	mt         *meter
+	warm, last int64
+	seq        atomic.Int64  // acquisitions so far
+	started    chan struct{} // closed once the meter started
+}
+
+func newWindow(mt *meter, k, n int) *window {
+	return &window{mt: mt, warm: int64(k), last: int64(k + n), started: make(chan struct{})}
+}
+
+// over reports whether the window's last acquisition has been made.
+func (w *window) over() bool { return w.seq.Load() >= w.last }
+
+// step counts one acquisition, made inside the critical section, and
+// starts or stops the meter when it is the warm or the last one.
+func (w *window) step(ctx context.Context) error {
+	switch w.seq.Add(1) {
+	case w.warm:
+		err := w.mt.start(ctx)
+		close(w.started)
+		return err
+	case w.last:
+		// With holders inside at once, the last acquisition can come
+		// before the warm one has started the meter.
+		<-w.started
+		return w.mt.stop(ctx, w.last-w.warm)
+	default:
+		runtime.Gosched() // give an intruder time to show up
+		return nil
 	}
 }
