@@ -5,7 +5,7 @@
 //	etcdlock demo                              three clients take turns on one lock, on an embedded etcd
 //	etcdlock run [flags] NAME -- CMD [ARGS...] hold the lock NAME while CMD runs
 //	etcdlock run [flags] NAME                  hold the lock NAME until a signal, printing its key
-//	etcdlock status [flags] NAME               show the holder and the waiters of NAME
+//	etcdlock status [flags] NAME               show the holders and the waiters of NAME
 //	etcdlock version                           show the versions of etcdlock, Go and the etcd client
 //
 // Locks are those of package etcdlock: the key NAME/<lease ID in hex>, bound
@@ -110,7 +110,7 @@ Usage:
   etcdlock run [flags] NAME -- CMD [ARGS...]  hold the lock NAME while CMD runs
   etcdlock run [flags] NAME                   hold it until SIGINT or SIGTERM,
                                               printing its key ('etcdctl lock')
-  etcdlock status [flags] NAME                show the holder and waiters of NAME
+  etcdlock status [flags] NAME                show the holders and waiters of NAME
   etcdlock version                            show the versions of etcdlock, Go
                                               and the etcd client
   etcdlock help [COMMAND]                     show help
