@@ -136,8 +136,19 @@ func newMeter(env *Env, rpcs *rpcCount, timer Timer) *meter {
 
 // start opens a window. The revision is read before the clock starts.
 func (m *meter) start(ctx context.Context) error {
+	return m.startAfter(ctx, func() error { return nil })
+}
+
+// startAfter opens a window once fn has returned: the revisions fn
+// consumes count, its time, RPCs and allocations do not. The revision is
+// read before fn runs, so that no RPC sits between fn's return and the
+// clock's start.
+func (m *meter) startAfter(ctx context.Context, fn func() error) error {
 	rev, err := m.env.revision(ctx)
 	if err != nil {
+		return err
+	}
+	if err := fn(); err != nil {
 		return err
 	}
 	m.mu.Lock()
