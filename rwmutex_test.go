@@ -206,6 +206,30 @@ func TestRWMutexReleaseWakes(t *testing.T) {
 	require.NoError(t, ms[6].RUnlock(t.Context()))
 }
 
+// TestRWMutexReaderKeyGoneWithWriter: a reader whose key goes in the same
+// revision as the writer it waits for is not admitted without its key,
+// whichever of the two deletions it sees first (a release that admits it
+// is confirmed with a read of its own key).
+func TestRWMutexReaderKeyGoneWithWriter(t *testing.T) {
+	cli := newClient(t)
+	name := lockName(t)
+	w := etcdlock.NewRWMutex(newSession(t, cli), name)
+	require.NoError(t, w.Lock(t.Context()))
+	for range 5 {
+		r := etcdlock.NewRWMutex(newSession(t, cli), name)
+		q := rlocker(t.Context(), r)
+		require.Equal(t, []string{w.Key()}, q.waitIdle(t))
+		_, err := cli.Txn(t.Context()).Then(clientv3.OpDelete(r.Key()), clientv3.OpDelete(w.Key())).Commit()
+		require.NoError(t, err)
+		require.ErrorIs(t, q.result(t, 10*time.Second), etcdlock.ErrLockLost)
+		require.Zero(t, r.Token())
+		require.Empty(t, keys(t, cli, name))
+		require.ErrorIs(t, w.Unlock(t.Context()), etcdlock.ErrLockLost)
+		require.NoError(t, w.Lock(t.Context()))
+	}
+	require.NoError(t, w.Unlock(t.Context()))
+}
+
 // TestRWMutexWaiterLeaseRevoked guards against etcd issue 16221: in etcd's
 // recipe, a waiting reader whose lease is revoked keeps waiting, then
 // "acquires" without a key alongside the writer behind it. Here the
