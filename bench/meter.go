@@ -29,6 +29,9 @@ type Result struct {
 	// Allocs and AllocBytes are the heap allocations of the whole process
 	// (clients only: etcd runs in processes of its own).
 	Allocs, AllocBytes uint64
+	// ServerCPU is the CPU time the etcd members used, ClientCPU that of
+	// this process (the clients); 0 where /proc cannot tell (not Linux).
+	ServerCPU, ClientCPU time.Duration
 
 	// Queue is set by the FIFO scenarios: the cost of the waiting Mutexes.
 	Queue *QueueCost
@@ -68,6 +71,8 @@ func (r Result) Add(o Result) Result {
 		Revs:       r.Revs + o.Revs,
 		Allocs:     r.Allocs + o.Allocs,
 		AllocBytes: r.AllocBytes + o.AllocBytes,
+		ServerCPU:  r.ServerCPU + o.ServerCPU,
+		ClientCPU:  r.ClientCPU + o.ClientCPU,
 		Queue:      r.Queue,
 	}
 	switch {
@@ -113,6 +118,12 @@ func (r Result) AllocsPerOp() float64 { return r.PerOp(float64(r.Allocs)) }
 // BytesPerOp returns the process's bytes allocated per operation.
 func (r Result) BytesPerOp() float64 { return r.PerOp(float64(r.AllocBytes)) }
 
+// ServerCPUPerOp and ClientCPUPerOp return the CPU time, in nanoseconds,
+// that the etcd members and the clients used per operation.
+func (r Result) ServerCPUPerOp() float64 { return r.PerOp(float64(r.ServerCPU)) }
+
+func (r Result) ClientCPUPerOp() float64 { return r.PerOp(float64(r.ClientCPU)) }
+
 // A meter measures windows of a run: elapsed time, RPCs of the run's
 // clients, revisions of the store and allocations of the process. start
 // and stop alternate; they may be called from any goroutine, one at a time.
@@ -128,6 +139,8 @@ type meter struct {
 	ka0    int64
 	rev0   int64
 	alloc0 runtime.MemStats
+	srv0   time.Duration
+	cli0   time.Duration
 }
 
 func newMeter(env *Env, rpcs *rpcCount, timer Timer) *meter {
@@ -151,9 +164,10 @@ func (m *meter) startAfter(ctx context.Context, fn func() error) error {
 	if err := fn(); err != nil {
 		return err
 	}
+	srv, cli := m.cpu()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rev0 = rev
+	m.rev0, m.srv0, m.cli0 = rev, srv, cli
 	runtime.ReadMemStats(&m.alloc0)
 	m.rpc0, m.ka0 = m.rpcs.all.Total(), m.rpcs.keepAlive.Load()
 	if m.timer != nil {
@@ -174,6 +188,9 @@ func (m *meter) stop(ctx context.Context, ops int64) error {
 	rpcs, ka := m.rpcs.all.Total(), m.rpcs.keepAlive.Load()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
+	srv, cli := m.cpu()
+	m.res.ServerCPU += srv - m.srv0
+	m.res.ClientCPU += cli - m.cli0
 	m.res.Ops += ops
 	m.res.Elapsed += elapsed
 	m.res.RPCs += rpcs - m.rpc0
@@ -191,6 +208,14 @@ func (m *meter) stop(ctx context.Context, ops int64) error {
 	m.res.Revs += rev - rev0
 	m.mu.Unlock()
 	return nil
+}
+
+// cpu returns the CPU time used so far by the members and by this process;
+// 0 for what cannot be read.
+func (m *meter) cpu() (srv, cli time.Duration) {
+	srv, _ = serverCPU(m.env)
+	cli, _ = clientCPU()
+	return srv, cli
 }
 
 // result returns the sums of the windows so far.

@@ -78,11 +78,10 @@ func TestRWSemScenarios(t *testing.T) {
 		require.NoError(t, err, impl.Name)
 		require.EqualValues(t, 2, r.Ops, "one operation per queue: all readers admitted")
 		// The window opens after the writer's Unlock (its revision counts,
-		// its RPC does not) and closes while the last reader holds.
+		// its RPC does not) and closes while the last reader holds. The
+		// readers' checks may all come before it opens: their RPCs are
+		// not asserted.
 		require.GreaterOrEqual(t, r.RevsPerOp(), 1.0)
-		// A reader's check can start before the Unlock's answer reaches the
-		// writer, and so before the window.
-		require.Positive(t, r.RPCsPerOp())
 	}
 	sc, _ := Lookup("rw-readers-50")
 	require.Equal(t, []Ref{{"rw-readers-50", Etcd.Name}, {"fifo-50", Etcdlock.Name}}, sc.Refs())

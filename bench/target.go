@@ -17,6 +17,8 @@ type Summary struct {
 	RevsPerOp              float64
 	AllocsPerOp            float64
 	BytesPerOp             float64
+	ServerCPUPerOp         float64    // ns of the etcd members' CPU
+	ClientCPUPerOp         float64    // ns of the clients' CPU
 	Queue                  *QueueCost // medians; nil but for FIFO scenarios
 }
 
@@ -37,6 +39,8 @@ func Summarize(rs []Result) Summary {
 		RevsPerOp:       med(Result.RevsPerOp),
 		AllocsPerOp:     med(Result.AllocsPerOp),
 		BytesPerOp:      med(Result.BytesPerOp),
+		ServerCPUPerOp:  med(Result.ServerCPUPerOp),
+		ClientCPUPerOp:  med(Result.ClientCPUPerOp),
 	}
 	if len(rs) > 0 {
 		s.MinNsPerOp, s.MaxNsPerOp = math.Inf(1), math.Inf(-1)

@@ -158,7 +158,7 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	fmt.Fprintf(w, "etcdlock (ours) vs theirs (etcd's concurrency.Mutex unless said): etcd %s server processes, %d member(s), fsync on; medians of %d rounds [min-max]\n", version, members, rounds)
 	fmt.Fprintf(w, "ratio = our time / theirs; rpcs/op = unary calls + streams opened, lease keepalive streams apart (ka/op); allocs/op of the whole process\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "scenario\tper\tetcdlock time/op\ttheirs time/op\tratio\trpcs/op ours|theirs\tka/op ours|theirs\trevs/op ours|theirs\tallocs/op ours|theirs\ttheirs\ttargets\tmet")
+	fmt.Fprintln(tw, "scenario\tper\tetcdlock time/op\ttheirs time/op\tratio\trpcs/op ours|theirs\tka/op ours|theirs\trevs/op ours|theirs\tallocs/op ours|theirs\tcpu/op etcd+clients ours|theirs\ttheirs\ttargets\tmet")
 	summary := func(ref bench.Ref) bench.Summary { return bench.Summarize(res[ref.Scenario][ref.Impl]) }
 	var queues []bench.Scenario
 	var versus []string // lines for the targets against another scenario
@@ -177,10 +177,11 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 		for _, t := range sc.Targets {
 			targets = append(targets, t.Text)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3f\t%.2f | %.2f\t%.2f | %.2f\t%.2f | %.2f\t%.0f | %.0f\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3f\t%.2f | %.2f\t%.2f | %.2f\t%.2f | %.2f\t%.0f | %.0f\t%s+%s | %s+%s\t%s\t%s\t%s\n",
 			sc.Name, sc.Unit, timeRange(o), timeRange(t), bench.Ratio(o, t),
 			o.RPCsPerOp, t.RPCsPerOp, o.KeepAlivesPerOp, t.KeepAlivesPerOp,
 			o.RevsPerOp, t.RevsPerOp, o.AllocsPerOp, t.AllocsPerOp,
+			duration(o.ServerCPUPerOp), duration(o.ClientCPUPerOp), duration(t.ServerCPUPerOp), duration(t.ClientCPUPerOp),
 			baseline, strings.Join(targets, " "), met)
 		if o.Queue != nil {
 			queues = append(queues, sc)
