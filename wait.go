@@ -992,8 +992,8 @@ func (q *queue) check(ctx context.Context, me entry, minRev int64) (_ *pb.Respon
 }
 
 // recheck is check after the deletion of the blocker gone ("" for a
-// change of mode) at revision at, for a waiter whose blockers whose
-// deletion alone admits it are freeing (see scan).
+// change of mode) at revision at. freeing are the blockers whose deletion
+// alone admits me (see scan).
 //
 //go:noinline
 func (q *queue) recheck(ctx context.Context, me entry, freeing []string, gone string, at int64) (_ *pb.ResponseHeader, blockers []entry, _ []string, _ error) {
