@@ -46,10 +46,13 @@ type Semaphore struct {
 // the name is checked as NewMutex's is.
 func NewSemaphore(s *Session, name string, capacity int64, opts ...MutexOption) *Semaphore {
 	sem := &Semaphore{capacity: capacity}
-	sem.init(s, name, opts)
-	if capacity < 1 && sem.opts.err == nil {
-		sem.opts.err = errorf("%w: capacity %d, want at least 1", ErrInvalidOption, capacity)
+	if capacity < 1 {
+		// Reported after any invalid option given.
+		opts = append(opts[:len(opts):len(opts)], func(*mutexOptions) error {
+			return errorf("%w: capacity %d, want at least 1", ErrInvalidOption, capacity)
+		})
 	}
+	sem.init(s, name, opts)
 	return sem
 }
 

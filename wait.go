@@ -59,7 +59,7 @@ type queue struct {
 	pfx  string // name + "/"
 	key  string // pfx + lease ID in hex
 
-	opts mutexOptions
+	opts *mutexOptions // read-only: may be shared (newMutexOptions)
 
 	mu   sync.Mutex // guards h, last, and the fields of holds marked so
 	h    *hold      // the current hold; nil when not held
@@ -78,6 +78,7 @@ func (q *queue) init(s *Session, name string, opts []MutexOption) {
 	q.s, q.name, q.pfx, q.opts = s, name, name+"/", newMutexOptions(opts)
 	if s != nil {
 		q.key = fmt.Sprintf("%s%x", q.pfx, int64(s.Lease()))
+		q.pfx = q.key[:len(q.pfx)] // one string for both
 	}
 }
 
@@ -108,25 +109,25 @@ func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
 	// The right is per session and name, across primitives: they all share
 	// the key name/<lease>, so one hold per session and name holds for
 	// every mix of them.
-	release, err := q.s.acquireName(bctx, q.name, wait)
-	if err != nil {
+	if err := q.s.acquireName(bctx, q.name, wait); err != nil {
 		return q.cause(ctx, err)
 	}
 	var rev int64
 	var hdr *pb.ResponseHeader
+	var err error
 	if wait {
 		rev, hdr, err = q.acquire(bctx, mode)
 	} else {
 		rev, hdr, err = q.tryAcquire(bctx, mode)
 	}
 	if err != nil {
-		release()
+		q.s.releaseName(q.name)
 		return q.cause(ctx, err)
 	}
-	h := &hold{rev: rev, mode: mode, hdr: hdr, release: release, done: make(chan struct{})}
+	h := &hold{rev: rev, mode: mode, hdr: hdr}
 	if q.opts.maxHold > 0 {
 		if err := q.limitHold(bctx, h); err != nil {
-			release()
+			q.s.releaseName(q.name)
 			return q.cause(ctx, err)
 		}
 	}
@@ -458,7 +459,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 	}
 	// After a loss the delete only tidies up; it is not needed when the
 	// key went with the session's lease.
-	send := notSent == nil && (lost == nil || h.maxLease != 0 || !q.s.leaseIsGone())
+	send := notSent == nil && (lost == nil || h.maxLease() != 0 || !q.s.leaseIsGone())
 	h.unlocking = true // a second Unlock now gets ErrLockReleased
 	h.sent = h.sent || send
 	q.mu.Unlock()
@@ -479,7 +480,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 	case err == nil && !retry:
 		// No attempt of ours can have deleted the key: it was gone
 		// before Unlock.
-		err = errorf("%w before %s: %w", ErrLockLost, op, q.keyGone(ctx, h.maxLease))
+		err = errorf("%w before %s: %w", ErrLockLost, op, q.keyGone(ctx, h.maxLease()))
 		endErr = err
 	case err == nil:
 		// An earlier attempt may have deleted the key: not known lost.
@@ -493,11 +494,10 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		q.mu.Lock()
 		h.unlocking = false
 		h.maybeDeleted = h.maybeDeleted || send
-		if h.goneMidUnlock && !h.ended {
+		if h.goneMidUnlock {
 			// The loss watch saw the hold end while the RPC ran, and
 			// has stopped: Done tells now that the hold is over.
-			h.ended = true
-			close(h.done)
+			h.end(nil)
 		}
 		q.mu.Unlock()
 		return errorf("unlock %s: %w", q.key, err)
@@ -507,7 +507,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 	q.mu.Lock()
 	q.h, q.last = nil, h
 	q.mu.Unlock()
-	h.release()
+	q.s.releaseName(q.name)
 	return err
 }
 
@@ -739,10 +739,13 @@ func (q *queue) watched(blockers []entry) []string {
 func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, readRev int64) (*pb.ResponseHeader, error) {
 	// WithRequireLeader: a member cut off from the leader cancels the watch
 	// rather than leaving it silent while the lock moves on elsewhere.
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	// Each watch has a context of its own (no common one: a waiter is
+	// lighter without), cancelled when it is no longer wanted or on return.
+	wctx := requireLeader(ctx)
+	octx, cancel := context.WithCancel(wctx)
 	defer cancel()
 
-	own, ownRev, err := q.openWatch(wctx, q.key)
+	own, ownRev, err := q.openWatch(octx, q.key)
 	if err != nil {
 		return nil, err
 	}
