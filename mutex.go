@@ -47,8 +47,9 @@ func NewMutex(s *Session, name string, opts ...MutexOption) *Mutex {
 // could leave a key that blocks the queue until the session ends. Both wait
 // only while the session lives: the key is bound to the session's lease, so
 // once the session has ended (at most its TTL after etcd was last reached)
-// the key goes with the lease. Lock then returns an error matching both
-// ctx's error and ErrSessionExpired that says the write's fate is unknown.
+// the key goes with the lease. If the write's answer had not come by then,
+// Lock returns an error that says so, matching ErrSessionExpired and, if
+// ctx has ended, ctx's error.
 //
 // While it waits, Lock rides out broken watches, leader elections and an
 // overloaded etcd ("request timed out", "too many requests"): the write that

@@ -257,7 +257,6 @@ func (q *queue) failed() error {
 // number of unary RPCs of the clients changed. It tells nothing apart by
 // implementation.
 func (q *queue) settle(ctx context.Context, want int64) error {
-	const quiet = 150 * time.Millisecond
 	err := poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		if err := q.failed(); err != nil {
 			return false, err
@@ -271,19 +270,27 @@ func (q *queue) settle(ctx context.Context, want int64) error {
 	if err != nil {
 		return err
 	}
+	return q.env.quiesce(ctx, q.cs, q.failed)
+}
+
+// quiesce returns once no watcher of the members is still catching up,
+// and for a while neither the number of watchers nor the number of unary
+// RPCs of cs changed, or when failed returns an error.
+func (e *Env) quiesce(ctx context.Context, cs *clients, failed func() error) error {
+	const quiet = 150 * time.Millisecond
 	var (
 		lastWatchers, lastRPCs int64 = -1, -1
 		since                  time.Time
 	)
 	return poll(ctx, 30*time.Millisecond, func() (bool, error) {
-		if err := q.failed(); err != nil {
+		if err := failed(); err != nil {
 			return false, err
 		}
-		watchers, slow, err := q.env.serverWatchers(ctx)
+		watchers, slow, err := e.serverWatchers(ctx)
 		if err != nil {
 			return false, err
 		}
-		rpcs := q.cs.rpcs.all.Unary()
+		rpcs := cs.rpcs.all.Unary()
 		if slow > 0 || watchers != lastWatchers || rpcs != lastRPCs {
 			lastWatchers, lastRPCs, since = watchers, rpcs, time.Now()
 			return false, nil
