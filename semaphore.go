@@ -58,8 +58,8 @@ func NewSemaphore(s *Session, name string, capacity int64, opts ...MutexOption) 
 
 // Acquire blocks until n permits are held, ctx ends, or the session ends.
 // It returns ErrInvalidWeight at once, with no RPC, for n below 1 or above
-// the capacity. On failure it leaves no key under the lock's prefix and
-// returns what Mutex.Lock returns.
+// the capacity. It sets no deadline of its own; on failure it leaves no key
+// under the lock's prefix and returns what Mutex.Lock returns.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
 	mode, err := s.mode(n)
 	if err != nil {

@@ -38,8 +38,17 @@ const (
 	maxWatched = 64
 )
 
-// cleanupTimeout bounds the RPC that removes a key after a failed Lock.
+// cleanupTimeout bounds a best-effort RPC whose failure leaves nothing
+// behind that the session's lease does not remove: hold.go's unlock
+// attempts, its check read and the revoke of a max hold lease. The writes
+// that join the queue, and the removal of a key after a failed Lock, have
+// no such bound (writeCtx): a deadline there would leave a key behind.
 const cleanupTimeout = 5 * time.Second
+
+// minBackoff and maxBackoff bound the pause before a waiter reads the
+// queue again, or a write that joins or leaves it is sent again, after an
+// error that passes (retryable).
+const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
 
 // A queue is the mechanism every primitive shares: a key per session under
 // name/, placed in line by its create revision; a grant rule per key mode
@@ -176,10 +185,11 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.R
 	// removed, and the key placed anew.
 	var resp *clientv3.TxnResponse
 	for attempt := 0; ; attempt++ {
-		resp, err = q.place(ctx, mode)
+		resp, err = q.join(ctx, mode)
 		if err != nil {
-			// The Txn may have been applied even though its answer was lost.
-			return 0, nil, q.fail(ctx, 0, q.rpcErr(err))
+			// The Txn may have been applied even though its answer was
+			// lost: remove the key by name.
+			return 0, nil, q.fail(ctx, 0, err)
 		}
 		if resp.Succeeded {
 			break
@@ -227,6 +237,65 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.R
 		return 0, nil, q.fail(ctx, rev, err)
 	}
 	return rev, hdr, nil
+}
+
+// join is place, sent again after an error that passes (retryable) while
+// ctx and the session last. place may be sent again whatever became of
+// the attempt before: if that one put the key, the next finds it in the
+// same mode and keeps its place. So a burst that overloads etcd (its
+// "request timed out", "too many requests") or a leader election slows
+// the Locks down rather than failing them.
+//
+// Each attempt is waited for (writeCtx) even after ctx ends: join returns
+// once etcd answered an attempt, or after an error that does not pass, or
+// when the session ends. It then returns ctx's error if ctx has ended (the
+// caller removes the key, if any, by name), or an error matching
+// ErrSessionExpired that says the key is left to the lease.
+func (q *queue) join(ctx context.Context, mode KeyMode) (*clientv3.TxnResponse, error) {
+	backoff := minBackoff
+	for {
+		resp, err := q.place(ctx, mode)
+		if err == nil {
+			return resp, nil
+		}
+		err = q.rpcErr(err)
+		if !q.retryable(ctx, err) || !pause(ctx, &backoff) {
+			return nil, q.unknownWrite(ctx, err)
+		}
+	}
+}
+
+// unknownWrite explains the failure of a write of Lock whose outcome is
+// unknown (err is the RPC's error): while the session lives, ctx's error
+// if ctx has ended, else err; once the session has ended, an error that
+// says so, matching ctx's error if ctx has ended and ErrSessionExpired,
+// and that says the key, if the write put it, goes with the lease.
+func (q *queue) unknownWrite(ctx context.Context, err error) error {
+	serr := q.s.Err()
+	cerr := ctx.Err()
+	switch {
+	case serr != nil && cerr != nil:
+		return errorf("%w; the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", cerr, q.name, err, serr)
+	case serr != nil:
+		return errorf("the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", q.name, err, serr)
+	case cerr != nil:
+		return cerr
+	}
+	return err
+}
+
+// pause waits *backoff, then doubles it up to maxBackoff. It returns false,
+// at once, if ctx ends first.
+func pause(ctx context.Context, backoff *time.Duration) bool {
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	*backoff = min(2**backoff, maxBackoff)
+	return true
 }
 
 // place is acquire's round trip: it puts the key in mode unless this
@@ -404,7 +473,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode) (int64, *pb.Respon
 		tresp, err := q.s.cli.Txn(wctx).If(cmps...).Then(put).Else(first...).Commit()
 		cancel()
 		if err != nil {
-			return 0, nil, q.fail(ctx, 0, q.rpcErr(err))
+			return 0, nil, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
 		}
 		if tresp.Succeeded {
 			rev := tresp.Header.Revision
@@ -555,17 +624,16 @@ func (q *queue) Token() int64 {
 }
 
 // writeCtx returns a context for a write whose outcome must be known: it
-// outlives ctx's cancellation, so that Lock never gives up on a Put whose
-// fate is unknown (a Put applied after the cleanup's Delete would leave a
-// key that blocks the queue until the session ends). It ends with the
-// session, or after cleanupTimeout. Lock checks ctx right after the write.
+// outlives ctx's cancellation and deadline, so that Lock never gives up on
+// a Put whose fate is unknown (a Put applied after the cleanup's Delete
+// would leave a key that blocks the queue until the session ends). It ends
+// only with the session, and needs no other bound: the key is bound to the
+// session's lease, so once the session has ended nothing the write does
+// outlives the lease. Lock checks ctx right after the write. A deadline of
+// the library's own here made Locks with no deadline fail under load with
+// a context.DeadlineExceeded their callers could not tell from their own.
 func (q *queue) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	bctx, cancel := q.s.bound(context.WithoutCancel(ctx))
-	tctx, tcancel := context.WithTimeout(bctx, cleanupTimeout)
-	return tctx, func() {
-		tcancel()
-		cancel()
-	}
+	return q.s.bound(context.WithoutCancel(ctx))
 }
 
 // cause returns err, or the session's end when that is what stopped a call
@@ -596,18 +664,31 @@ func (q *queue) fail(ctx context.Context, rev int64, err error) error {
 }
 
 // remove deletes this queue's key if its create revision is rev (by name
-// when rev is 0), with a context that is not the cancelled one.
+// when rev is 0), with a context that is not the cancelled one (writeCtx):
+// a key left behind would block the queue for as long as the session
+// lives. It sends the Delete again after an error that passes (retryable),
+// which is safe however many land, while the session lasts. Once the
+// session has ended the key goes with the lease, and remove returns nil.
 func (q *queue) remove(ctx context.Context, rev int64) error {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	cctx, cancel := q.writeCtx(ctx)
 	defer cancel()
-	txn := q.s.cli.Txn(cctx)
+	var cmps []clientv3.Cmp
 	if rev != 0 {
-		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
 	}
-	if _, err := txn.Then(clientv3.OpDelete(q.key)).Commit(); err != nil {
-		return errorf("remove %s after failed lock: %w", q.key, err)
+	backoff := minBackoff
+	for {
+		_, err := q.s.cli.Txn(cctx).If(cmps...).Then(clientv3.OpDelete(q.key)).Commit()
+		if err == nil || q.s.Err() != nil {
+			return nil
+		}
+		if !q.retryable(cctx, err) || !pause(cctx, &backoff) {
+			if q.s.Err() != nil {
+				return nil
+			}
+			return errorf("remove %s after failed lock: %w", q.key, err)
+		}
 	}
-	return nil
 }
 
 // rpcErr maps etcd's "lease not found" to ErrSessionExpired.
@@ -637,7 +718,6 @@ var errWatchBroken = errors.New("etcdlock: watch broken")
 // every earlier key is gone: etcd issue 19597; its RWMutex recipe then even
 // acquires without a key: etcd issue 16221).
 func (q *queue) wait(ctx context.Context, me entry, blockers []entry, readRev int64) (*pb.ResponseHeader, error) {
-	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
 	backoff := minBackoff
 	for {
 		started := time.Now()
@@ -655,14 +735,9 @@ func (q *queue) wait(ctx context.Context, me entry, blockers []entry, readRev in
 		// keeps our place meanwhile: only ctx or the session's end make
 		// the waiter give it up.
 		for {
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !pause(ctx, &backoff) {
 				return nil, ctx.Err()
-			case <-t.C:
 			}
-			backoff = min(2*backoff, maxBackoff)
 			hdr, blockers, err = q.check(ctx, me, 0)
 			if err == nil {
 				break

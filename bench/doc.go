@@ -47,6 +47,18 @@
 // With -mem.heapprofile=DIR it writes an inuse heap profile of each case
 // (read it with go tool pprof -sample_index=inuse_space).
 //
+// The scale scenarios (ScaleScenarios: fifo-3000, held-10000,
+// held-10000-done) and 100 and 1000 idle sessions beside etcd's take
+// minutes and run only with -scale, on one member:
+//
+//	go test -run '^$' -bench Scale -benchtime 1x -timeout 60m ./bench/ -scale
+//
+// They report, besides the figures below, the members' CPU time per
+// handoff or per Lock (server-us/op), memory and goroutines per held lock
+// (B/held, heap-B/held, goroutines/held), and for idle sessions the
+// renewals and keepalive streams per second and the CPU time per renewal
+// of the members and of the clients.
+//
 // In CI, run the benchmarks with
 //
 //	go test -run '^$' -bench . -benchtime 3x -short ./bench/

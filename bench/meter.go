@@ -29,6 +29,10 @@ type Result struct {
 	// Allocs and AllocBytes are the heap allocations of the whole process
 	// (clients only: etcd runs in processes of its own).
 	Allocs, AllocBytes uint64
+	// ServerCPU is the user+system CPU time of the etcd members (0 where
+	// it cannot be read: off Linux). It counts in 10ms ticks: meaningful
+	// for windows of seconds (the queues), not for short ones.
+	ServerCPU time.Duration
 
 	// Queue is set by the FIFO scenarios: the cost of the waiting Mutexes.
 	Queue *QueueCost
@@ -68,6 +72,7 @@ func (r Result) Add(o Result) Result {
 		Revs:       r.Revs + o.Revs,
 		Allocs:     r.Allocs + o.Allocs,
 		AllocBytes: r.AllocBytes + o.AllocBytes,
+		ServerCPU:  r.ServerCPU + o.ServerCPU,
 		Queue:      r.Queue,
 	}
 	switch {
@@ -113,6 +118,11 @@ func (r Result) AllocsPerOp() float64 { return r.PerOp(float64(r.Allocs)) }
 // BytesPerOp returns the process's bytes allocated per operation.
 func (r Result) BytesPerOp() float64 { return r.PerOp(float64(r.AllocBytes)) }
 
+// ServerMicrosPerOp returns the members' CPU time per operation, in µs.
+func (r Result) ServerMicrosPerOp() float64 {
+	return r.PerOp(float64(r.ServerCPU) / float64(time.Microsecond))
+}
+
 // A meter measures windows of a run: elapsed time, RPCs of the run's
 // clients, revisions of the store and allocations of the process. start
 // and stop alternate; they may be called from any goroutine, one at a time.
@@ -128,6 +138,7 @@ type meter struct {
 	ka0    int64
 	rev0   int64
 	alloc0 runtime.MemStats
+	cpu0   time.Duration // members' CPU time; < 0 when it cannot be read
 }
 
 func newMeter(env *Env, rpcs *rpcCount, timer Timer) *meter {
@@ -143,6 +154,7 @@ func (m *meter) start(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rev0 = rev
+	m.cpu0 = readServerCPU(m.env)
 	runtime.ReadMemStats(&m.alloc0)
 	m.rpc0, m.ka0 = m.rpcs.all.Total(), m.rpcs.keepAlive.Load()
 	if m.timer != nil {
@@ -169,6 +181,9 @@ func (m *meter) stop(ctx context.Context, ops int64) error {
 	m.res.KeepAlives += ka - m.ka0
 	m.res.Allocs += ms.Mallocs - m.alloc0.Mallocs
 	m.res.AllocBytes += ms.TotalAlloc - m.alloc0.TotalAlloc
+	if cpu := readServerCPU(m.env); cpu >= 0 && m.cpu0 >= 0 {
+		m.res.ServerCPU += cpu - m.cpu0
+	}
 	rev0 := m.rev0
 	m.mu.Unlock()
 
@@ -187,4 +202,14 @@ func (m *meter) result() Result {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.res
+}
+
+// readServerCPU returns the CPU time the members of env have used, or -1
+// when it cannot be read.
+func readServerCPU(env *Env) time.Duration {
+	d, err := serverCPU(env)
+	if err != nil {
+		return -1
+	}
+	return d
 }
