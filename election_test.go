@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -424,4 +425,110 @@ func TestElectionObserveWrongLeader(t *testing.T) {
 	require.NoError(t, c2.Resign(ctx))
 	requireNoLeader(t, next(t, obs)) // the nested election's leader is not ours
 	require.NoError(t, nested.Resign(ctx))
+}
+
+// TestElectionInteropEtcd: this package's Election and etcd's
+// concurrency.Election (what `etcdctl elect` uses) on one name queue
+// behind each other, first come first served, both ways, and observe each
+// other.
+func TestElectionInteropEtcd(t *testing.T) {
+	cli := newClient(t)
+	name := lockName(t)
+	ctx := t.Context()
+	obs := observe(t, func(ctx context.Context) iter.Seq2[etcdlock.Leader, error] {
+		return etcdlock.ObserveLeader(ctx, cli, name)
+	})
+	requireNoLeader(t, next(t, obs))
+
+	ours := etcdlock.NewElection(newSession(t, cli), name)
+	require.NoError(t, ours.Campaign(ctx, "ours"))
+	requireLeader(t, next(t, obs), ours, "ours")
+
+	es, err := concurrency.NewSession(cli)
+	require.NoError(t, err)
+	defer es.Close()
+	theirs := concurrency.NewElection(es, name)
+	// etcd's Observe sees our leader.
+	octx, ocancel := context.WithCancel(ctx)
+	defer ocancel()
+	etcdObs := theirs.Observe(octx)
+	r := <-etcdObs
+	require.Equal(t, ours.Key(), string(r.Kvs[0].Key))
+	require.Equal(t, "ours", string(r.Kvs[0].Value))
+
+	// etcd's candidate queues behind ours ...
+	theirsWon := make(chan error, 1)
+	go func() { theirsWon <- theirs.Campaign(ctx, "theirs") }()
+	require.Eventually(t, func() bool { return len(keys(t, cli, name)) == 2 }, 10*time.Second, 5*time.Millisecond)
+	// ... and ours behind etcd's.
+	ours2 := etcdlock.NewElection(newSession(t, cli), name)
+	w := campaign(ctx, ours2, "ours2")
+	theirsKey := keys(t, cli, name)[1]
+	require.Equal(t, []string{theirsKey}, w.waitIdle(t), "ours2 does not wait for etcd's candidate")
+	select {
+	case err := <-theirsWon:
+		t.Fatalf("etcd's Campaign returned %v while ours leads", err)
+	default:
+	}
+
+	require.NoError(t, ours.Resign(ctx))
+	select {
+	case err := <-theirsWon:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("etcd's candidate did not win after ours resigned")
+	}
+	l := next(t, obs)
+	require.Equal(t, theirsKey, l.Key)
+	require.Equal(t, "theirs", string(l.Value))
+	require.Equal(t, es.Lease(), l.Lease)
+	require.Equal(t, theirs.Rev(), l.Token)
+	w.assertWaiting(t)
+
+	require.NoError(t, theirs.Proclaim(ctx, "theirs again"))
+	l = next(t, obs)
+	require.Equal(t, theirsKey, l.Key)
+	require.Equal(t, "theirs again", string(l.Value))
+
+	require.NoError(t, theirs.Resign(ctx))
+	require.NoError(t, w.result(t, 10*time.Second))
+	requireLeader(t, next(t, obs), ours2, "ours2")
+	lr, err := theirs.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ours2.Key(), string(lr.Kvs[0].Key))
+	require.NoError(t, ours2.Resign(ctx))
+	requireNoLeader(t, next(t, obs))
+}
+
+// TestElectionNestedNames is the regression test of etcd PR 10297: a
+// name's prefix is name + "/", and only its direct children count, so
+// elections named "a", "a/b" and "ab" each have their own leader, and
+// observing one never reports another's.
+func TestElectionNestedNames(t *testing.T) {
+	cli := newClient(t)
+	base := lockName(t)
+	ctx := t.Context()
+	names := []string{base + "/b", base + "b", base, base + "/b/c"}
+	es := make([]*etcdlock.Election, len(names))
+	obs := observe(t, func(ctx context.Context) iter.Seq2[etcdlock.Leader, error] {
+		return etcdlock.ObserveLeader(ctx, cli, base)
+	})
+	requireNoLeader(t, next(t, obs))
+	for i, name := range names {
+		es[i] = etcdlock.NewElection(newSession(t, cli), name)
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		require.NoError(t, es[i].Campaign(cctx, name), "%s waits for another name's leader", name)
+		cancel()
+	}
+	for i, name := range names {
+		l, err := etcdlock.CurrentLeader(ctx, cli, name)
+		require.NoError(t, err)
+		requireLeader(t, l, es[i], name)
+	}
+	requireLeader(t, next(t, obs), es[2], base)
+	require.NoError(t, es[2].Resign(ctx))
+	requireNoLeader(t, next(t, obs))
+	for _, e := range es {
+		require.NoError(t, e.Resign(ctx))
+	}
 }
