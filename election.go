@@ -350,7 +350,7 @@ func ObserveLeader(ctx context.Context, cli *clientv3.Client, name string) iter.
 			yield(Leader{}, err)
 			return
 		}
-		o := &observer{cli: cli, pfx: name + "/", yield: yield}
+		o := &observer{cli: cli, name: name, pfx: name + "/", yield: yield}
 		if err := o.run(ctx); err != nil && !errors.Is(err, errStopped) {
 			yield(Leader{}, err)
 		}
@@ -363,7 +363,8 @@ var errStopped = errors.New("etcdlock: observer stopped")
 // An observer is the state of one ObserveLeader sequence.
 type observer struct {
 	cli   *clientv3.Client
-	pfx   string
+	name  string
+	pfx   string // name + "/"
 	yield func(Leader, error) bool
 
 	known bool   // cur is the state at rev
@@ -388,12 +389,12 @@ func (o *observer) run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case o.cli.Ctx().Err() != nil:
-			return errorf("observe %s: client closed: %w", o.pfx, o.cli.Ctx().Err())
+			return errorf("observe %s: %w: %w", o.name, errClientClosed, o.cli.Ctx().Err())
 		case errors.Is(err, rpctypes.ErrCompacted):
 			// History since rev is gone: read the state anew.
 			o.known = false
 		case !passing(err):
-			return errorf("observe %s: %w", o.pfx, err)
+			return errorf("observe %s: %w", o.name, err)
 		}
 		if time.Since(started) > maxBackoff {
 			backoff = minBackoff

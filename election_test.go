@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -531,4 +533,49 @@ func TestElectionNestedNames(t *testing.T) {
 	for _, e := range es {
 		require.NoError(t, e.Resign(ctx))
 	}
+}
+
+// TestObserveEnds: the sequence never ends silently. Ending ctx yields
+// ctx's error; closing the client yields an error; a break in the loop
+// ends the watch, leaving no goroutine behind.
+func TestObserveEnds(t *testing.T) {
+	name := lockName(t)
+	t.Run("Break", func(t *testing.T) {
+		cli := newClient(t)
+		_, err := cli.Get(t.Context(), name) // the client's own goroutines are up
+		require.NoError(t, err)
+		before := goleak.IgnoreCurrent()
+		for l, err := range etcdlock.ObserveLeader(t.Context(), cli, name) {
+			require.NoError(t, err)
+			requireNoLeader(t, l)
+			break
+		}
+		require.NoError(t, leakcheck.Find(before))
+	})
+	t.Run("CtxEnds", func(t *testing.T) {
+		cli := newClient(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var got []error
+		for _, err := range etcdlock.ObserveLeader(ctx, cli, name) {
+			got = append(got, err)
+			cancel()
+		}
+		require.Len(t, got, 2)
+		require.NoError(t, got[0])
+		require.ErrorIs(t, got[1], context.Canceled)
+	})
+	t.Run("ClientClosed", func(t *testing.T) {
+		cli, err := cluster.NewClient(clientv3.Config{})
+		require.NoError(t, err)
+		var got []error
+		for _, err := range etcdlock.ObserveLeader(t.Context(), cli, name) {
+			got = append(got, err)
+			cli.Close() // etcd's Close may return context.Canceled
+		}
+		require.Len(t, got, 2)
+		require.NoError(t, got[0])
+		require.Error(t, got[1])
+		t.Logf("after Close: %v", got[1])
+	})
 }
