@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"context"
+	"fmt"
 	"iter"
 	"sync/atomic"
 	"testing"
@@ -578,4 +579,102 @@ func TestObserveEnds(t *testing.T) {
 		require.Error(t, got[1])
 		t.Logf("after Close: %v", got[1])
 	})
+}
+
+// TestObserveHistory checks an observer against etcd's history while
+// candidates campaign, proclaim and resign concurrently: each state it
+// yields is the oldest key (and its value) at the yielded revision,
+// revisions increase, no state is yielded twice in a row, and no term or
+// proclaimed value is missed.
+func TestObserveHistory(t *testing.T) {
+	cli := newClient(t)
+	name := lockName(t)
+	ctx := t.Context()
+	obs := observe(t, func(ctx context.Context) iter.Seq2[etcdlock.Leader, error] {
+		return etcdlock.ObserveLeader(ctx, cli, name)
+	})
+	var got []etcdlock.Leader
+	got = append(got, next(t, obs))
+
+	const candidates, rounds = 5, 8
+	type term struct {
+		token  int64
+		values []string
+	}
+	terms := make(chan term, candidates*rounds)
+	errs := make(chan error, candidates)
+	for c := range candidates {
+		s := newSession(t, cli)
+		go func() {
+			e := etcdlock.NewElection(s, name)
+			for r := range rounds {
+				v := fmt.Sprintf("c%d-r%d", c, r)
+				if err := e.Campaign(ctx, v); err != nil {
+					errs <- err
+					return
+				}
+				tm := term{token: e.Token(), values: []string{v}}
+				if r%2 == 0 {
+					if err := e.Proclaim(ctx, v+"-again"); err != nil {
+						errs <- err
+						return
+					}
+					tm.values = append(tm.values, v+"-again")
+				}
+				terms <- tm
+				if err := e.Resign(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	// Read on while they run: the observer must keep up or catch up.
+	running := candidates
+	for running > 0 {
+		select {
+		case err := <-errs:
+			require.NoError(t, err)
+			running--
+		case o := <-obs:
+			require.NoError(t, o.err)
+			got = append(got, o.l)
+		case <-time.After(20 * time.Second):
+			t.Fatal("candidates did not finish in 20s")
+		}
+	}
+	// The last state is "no leader".
+	for got[len(got)-1].Key != "" || len(got) < 2 {
+		got = append(got, next(t, obs))
+	}
+
+	seen := map[int64][]string{}
+	for i, l := range got {
+		if i > 0 {
+			require.Greater(t, l.Revision, got[i-1].Revision)
+			require.False(t, l.Key == got[i-1].Key && l.Token == got[i-1].Token && string(l.Value) == string(got[i-1].Value),
+				"state yielded twice: %+v", l)
+		}
+		resp, err := cli.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithRev(l.Revision),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
+		require.NoError(t, err)
+		if len(resp.Kvs) == 0 {
+			requireNoLeader(t, l)
+			continue
+		}
+		kv := resp.Kvs[0]
+		require.Equal(t, string(kv.Key), l.Key, "at revision %d", l.Revision)
+		require.Equal(t, kv.CreateRevision, l.Token)
+		require.Equal(t, string(kv.Value), string(l.Value))
+		seen[l.Token] = append(seen[l.Token], string(l.Value))
+	}
+	close(terms)
+	n := 0
+	for tm := range terms {
+		require.Equal(t, tm.values, seen[tm.token], "term %d", tm.token)
+		n++
+	}
+	require.Equal(t, candidates*rounds, n)
+	require.Len(t, seen, n)
 }
