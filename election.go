@@ -59,8 +59,10 @@ func leaderOf(kv *mvccpb.KeyValue, rev int64) Leader {
 // lock: observers would report a lock holder as the leader.
 //
 // An Election is safe for concurrent use, with one candidacy at a time per
-// Election (and per Session and name): a Campaign while another goroutine's
-// Campaign waits waits for it, and then for its Resign.
+// Session and name (they share the key): a Campaign while another Campaign
+// of the same Session and name waits, or while another Election of them
+// leads, waits for that candidacy's Resign. Lead runs the whole
+// primary/standby loop on an Election.
 type Election struct{ queue }
 
 // NewElection returns an Election for the election called name, in which

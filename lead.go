@@ -21,10 +21,20 @@ type leadOptions struct {
 
 // WithSessionOptions sets the options of the sessions Lead makes, one per
 // candidacy: WithTTL sets how long a dead leader keeps the leadership.
-// WithContext and WithLease are not for Lead (it binds each session to its
-// ctx). Default: none, so the TTL is DefaultTTL.
+// WithLease is an error (each candidacy needs a lease of its own), and
+// WithContext is overridden (Lead binds each session to its ctx). Default:
+// none, so the TTL is DefaultTTL.
 func WithSessionOptions(opts ...SessionOption) LeadOption {
 	return func(o *leadOptions) error {
+		so := defaultSessionOptions()
+		for _, opt := range opts {
+			if err := opt(&so); err != nil {
+				return err
+			}
+		}
+		if so.lease != 0 {
+			return errorf("%w: WithLease: each candidacy of Lead needs a lease of its own", ErrInvalidOption)
+		}
 		o.session = append(o.session, opts...)
 		return nil
 	}

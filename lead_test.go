@@ -157,6 +157,7 @@ func TestLeadReturns(t *testing.T) {
 	require.ErrorIs(t, etcdlock.Lead(t.Context(), cli, name, "etcdlock/1 shared", fn), etcdlock.ErrInvalidValue)
 	require.ErrorIs(t, etcdlock.Lead(t.Context(), cli, name, "v", fn, etcdlock.WithObserver(nil)), etcdlock.ErrInvalidOption)
 	require.ErrorIs(t, etcdlock.Lead(t.Context(), cli, name, "v", fn, etcdlock.WithSessionOptions(etcdlock.WithTTL(0))), etcdlock.ErrInvalidOption)
+	require.ErrorIs(t, etcdlock.Lead(t.Context(), cli, name, "v", fn, etcdlock.WithSessionOptions(etcdlock.WithLease(1))), etcdlock.ErrInvalidOption)
 }
 
 // ExampleLead runs a primary/standby service: the work runs only while
