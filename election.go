@@ -95,8 +95,8 @@ func checkValue(value string) error {
 // While it waits, Campaign rides out broken watches and etcd leader
 // elections, and it watches its own key: if the session's lease ends (it
 // expired, was revoked, or the session was closed), Campaign returns an
-// error matching ErrSessionExpired at once, never nil and never blocking on
-// (etcd issues 19597 and 11007). If someone deletes the key, it returns an
+// error matching ErrSessionExpired at once: it neither blocks on nor
+// returns nil holding nothing (etcd issues 19597 and 11007). If someone deletes the key, it returns an
 // error matching ErrLockLost.
 //
 // On failure Campaign leaves no key of this session in the election (if
@@ -134,14 +134,14 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 // writes a key that is not this leadership's.
 //
 // It returns an error matching ErrNotLeader if e is not the leader: it has
-// not won, it resigned, or its leadership is lost (then the error also
-// says why, and Done closes). If the RPC fails, the value may or may not
+// not won, it resigned or a Resign is under way or failed (call Resign
+// again), or its leadership is lost (then the error also says why, and
+// Done closes). If the RPC fails, the value may or may not
 // have been written, e stays the leader, and Proclaim may be called again.
 //
 // A proclaimed value changes the key's value but never its mode: every
-// value an Election writes reads as exclusive (ErrInvalidValue), so
-// Invariant K of the queue holds and no waiter of any primitive sees its
-// verdict change.
+// value an Election writes reads as exclusive (ErrInvalidValue), so a
+// waiter of a lock of the same name never sees its turn change in place.
 func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if err := checkValue(value); err != nil {
 		return err
@@ -181,9 +181,10 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	return nil
 }
 
-// Resign gives up leadership, or the place in line: it deletes the key
-// only if it is still this leadership's (same create revision), so it can
-// never delete another candidate's key, also when retried.
+// Resign gives up the leadership: it deletes the key only if it is still
+// this leadership's (same create revision), so it can never delete
+// another candidate's key, also when retried. (A waiting Campaign gives up
+// its place when its ctx ends.)
 //
 // Resign is idempotent: it returns nil when e is not the leader (never
 // won, or already resigned). It returns an error matching ErrLockLost when
