@@ -59,7 +59,9 @@ const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
 //
 // Invariant K: no code changes the mode (the value) of an existing key.
 // Everything that Puts an existing key keeps its value; a key of this
-// session left in another mode is deleted and created again. Every rule's
+// session left in another mode is deleted and created again. The one
+// exception, Election.Proclaim, changes a value but never a mode: every
+// election value reads as exclusive (checkValue). Every rule's
 // blockers are a witness only while the keys ahead keep their modes: a
 // waiter is not woken when a key it does not watch changes.
 type queue struct {
@@ -97,6 +99,12 @@ func (q *queue) self() *queue { return q }
 // lock is Lock, RLock and Acquire (wait) and their Try forms: it takes a
 // hold in mode.
 func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
+	return q.lockValue(ctx, mode, mode.value(), wait)
+}
+
+// lockValue is lock with the key's value given: mode.value(), or an
+// election's proposal (whose mode, read back, is exclusive).
+func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bool) error {
 	if err := q.validate(); err != nil {
 		return err
 	}
@@ -125,9 +133,9 @@ func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
 	var hdr *pb.ResponseHeader
 	var err error
 	if wait {
-		rev, hdr, err = q.acquire(bctx, mode)
+		rev, hdr, err = q.acquire(bctx, mode, val)
 	} else {
-		rev, hdr, err = q.tryAcquire(bctx, mode)
+		rev, hdr, err = q.tryAcquire(bctx, mode, val)
 	}
 	if err != nil {
 		q.s.releaseName(q.name)
@@ -160,11 +168,17 @@ func (q *queue) validate() error {
 	if q.opts.err != nil {
 		return q.opts.err
 	}
-	if q.name == "" {
+	return checkName(q.name)
+}
+
+// checkName returns ErrInvalidName for an empty name or one longer than
+// MaxNameLen.
+func checkName(name string) error {
+	if name == "" {
 		return errorf("%w: empty name", ErrInvalidName)
 	}
-	if len(q.name) > MaxNameLen {
-		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(q.name), MaxNameLen)
+	if len(name) > MaxNameLen {
+		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(name), MaxNameLen)
 	}
 	return nil
 }
@@ -172,7 +186,7 @@ func (q *queue) validate() error {
 // acquire joins the queue in mode and waits for its turn. It returns the
 // create revision of the key and the header of the response that showed
 // the hold was admitted.
-func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.ResponseHeader, err error) {
+func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, err error) {
 	// One round trip puts the key and reads the newest keys under the
 	// prefix. Read after the put in the same Txn, they show who is ahead:
 	// uncontended Lock is this one RPC. If this session already has a key
@@ -185,7 +199,7 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.R
 	// removed, and the key placed anew.
 	var resp *clientv3.TxnResponse
 	for attempt := 0; ; attempt++ {
-		resp, err = q.join(ctx, mode)
+		resp, err = q.join(ctx, mode, val)
 		if err != nil {
 			// The Txn may have been applied even though its answer was
 			// lost: remove the key by name.
@@ -251,10 +265,10 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.R
 // when the session ends. It then returns ctx's error if ctx has ended (the
 // caller removes the key, if any, by name), or an error matching
 // ErrSessionExpired that says the key is left to the lease.
-func (q *queue) join(ctx context.Context, mode KeyMode) (*clientv3.TxnResponse, error) {
+func (q *queue) join(ctx context.Context, mode KeyMode, val string) (*clientv3.TxnResponse, error) {
 	backoff := minBackoff
 	for {
-		resp, err := q.place(ctx, mode)
+		resp, err := q.place(ctx, mode, val)
 		if err == nil {
 			return resp, nil
 		}
@@ -287,6 +301,11 @@ func (q *queue) unknownWrite(ctx context.Context, err error) error {
 // pause waits *backoff, then doubles it up to maxBackoff. It returns false,
 // at once, if ctx ends first.
 func pause(ctx context.Context, backoff *time.Duration) bool {
+	return pauseUpTo(ctx, backoff, maxBackoff)
+}
+
+// pauseUpTo is pause with the limit of the backoff given.
+func pauseUpTo(ctx context.Context, backoff *time.Duration, limit time.Duration) bool {
 	t := time.NewTimer(*backoff)
 	defer t.Stop()
 	select {
@@ -294,7 +313,7 @@ func pause(ctx context.Context, backoff *time.Duration) bool {
 		return false
 	case <-t.C:
 	}
-	*backoff = min(2**backoff, maxBackoff)
+	*backoff = min(2**backoff, limit)
 	return true
 }
 
@@ -305,8 +324,7 @@ func pause(ctx context.Context, backoff *time.Duration) bool {
 // goroutine's stack could not shrink back to its initial size.
 //
 //go:noinline
-func (q *queue) place(ctx context.Context, mode KeyMode) (*clientv3.TxnResponse, error) {
-	val := mode.value()
+func (q *queue) place(ctx context.Context, mode KeyMode, val string) (*clientv3.TxnResponse, error) {
 	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
 	wctx, cancel := q.writeCtx(ctx)
 	defer cancel()
@@ -359,8 +377,11 @@ func queueOpts(mode KeyMode, order clientv3.SortOrder, maxRev, minRev int64, lat
 // isChild reports whether key is a key of this lock: a direct child of the
 // prefix. Keys of nested locks (name/sub/<lease>) also fall in the
 // prefix's range but belong to another lock (etcd's Mutex waits on them).
-func (q *queue) isChild(key []byte) bool {
-	rest, ok := strings.CutPrefix(string(key), q.pfx)
+func (q *queue) isChild(key []byte) bool { return isChild(q.pfx, key) }
+
+// isChild reports whether key is a direct child of pfx (name + "/").
+func isChild(pfx string, key []byte) bool {
+	rest, ok := strings.CutPrefix(string(key), pfx)
 	return ok && rest != "" && !strings.Contains(rest, "/")
 }
 
@@ -413,8 +434,7 @@ func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb
 // every key of the queue (a rule that admits me behind everyone admits me
 // at my place), or, for this session's own leftover key in the same mode,
 // at that key's place.
-func (q *queue) tryAcquire(ctx context.Context, mode KeyMode) (int64, *pb.ResponseHeader, error) {
-	val := mode.value()
+func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64, *pb.ResponseHeader, error) {
 	// A read-only Txn answers "held" without a Raft write or a new
 	// revision. etcd sends any Txn with a Put through Raft even when its
 	// compare fails, so only an all-read request is served as a read.
@@ -761,6 +781,12 @@ func (q *queue) retryable(ctx context.Context, err error) bool {
 	if err == nil || ctx.Err() != nil || q.s.Err() != nil {
 		return false
 	}
+	return passing(err)
+}
+
+// passing reports whether err passes: a broken watch, or an etcd error
+// that a later attempt may not meet.
+func passing(err error) bool {
 	if errors.Is(err, errWatchBroken) {
 		return true
 	}
