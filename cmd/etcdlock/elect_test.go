@@ -324,3 +324,29 @@ func TestElectUsage(t *testing.T) {
 		require.Contains(t, r.stdout, want)
 	}
 }
+
+// Without CMD, as 'etcdctl elect NAME VALUE', elect prints its key once
+// it leads and leads until a signal; its key keeps VALUE (nothing is
+// recorded over it). A lost leadership ends it with the lost code.
+func TestElectWithoutCmd(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	p := startProc(t, nil, "elect", ep(), name, "standalone")
+	key := p.stdout.waitFor(t, name+"/")
+	l, err := etcdlock.CurrentLeader(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Equal(t, key, l.Key)
+	require.Equal(t, "standalone", string(l.Value))
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	require.Empty(t, p.stderr.String())
+	require.Empty(t, queueKeys(t, cli, name))
+
+	p = startProc(t, nil, "elect", ep(), name)
+	key = p.stdout.waitFor(t, name+"/")
+	_, err = cli.Delete(t.Context(), key)
+	require.NoError(t, err)
+	require.Equal(t, exitLost, p.wait(t), p.stderr.String())
+	requireOneLineError(t, result{stderr: p.stderr.String()}, `etcdlock: lost leadership of election "`+name+`" while holding it`)
+}
