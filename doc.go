@@ -1,5 +1,7 @@
 // Package etcdlock provides fair distributed locks on etcd v3: a Mutex, an
-// RWMutex and a weighted Semaphore, all on one queue.
+// RWMutex and a weighted Semaphore, all on one queue, and a leader
+// Election on the same queue whose leader publishes a value (observed
+// without a lease by ObserveLeader and CurrentLeader).
 //
 // A Session holds a lease that the process keeps alive. A lock taken
 // through the session puts the key name/<lease ID in hex> bound to that

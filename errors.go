@@ -35,6 +35,16 @@ var (
 	// ErrInvalidWeight is returned by a Semaphore's Acquire, TryAcquire and
 	// Do for n below 1 or above the capacity.
 	ErrInvalidWeight = errors.New("etcdlock: invalid semaphore weight")
+	// ErrNotLeader is returned by an Election's Proclaim when it is not
+	// the leader: it has not won, it resigned, or its leadership was lost.
+	ErrNotLeader = errors.New("etcdlock: not the leader")
+	// ErrNoLeader is returned by an Election's Leader and by CurrentLeader
+	// when no one is leader of the election.
+	ErrNoLeader = errors.New("etcdlock: election has no leader")
+	// ErrInvalidValue is returned by Campaign and Proclaim for a value
+	// that starts with "etcdlock/1 ", which this package reserves for the
+	// modes of lock keys (see ParseKeyMode).
+	ErrInvalidValue = errors.New("etcdlock: invalid election value")
 )
 
 // prefix starts the message of every error of this package, exactly once.

@@ -569,9 +569,11 @@ func TestLeaderStopLosesNoIncrement(t *testing.T) {
 		contenders  = 4
 		lockTimeout = 10 * time.Second
 		opTimeout   = 5 * time.Second
-		// Lock may remove its key after ctx ended, with a cleanup
-		// timeout of its own (5s in mutex.go).
-		lockCleanup = 5 * time.Second
+		// Lock may outlive ctx while it waits for the answer to its
+		// join write and removes its key: until etcd answers, or at
+		// most until the session ends, its TTL after its last renewal.
+		sessionTTL  = 5 * time.Second
+		lockCleanup = sessionTTL
 		perPhase    = 20
 	)
 	counter, marks := name+"-counter", name+"-acked/"
@@ -726,7 +728,7 @@ func TestLeaderStopLosesNoIncrement(t *testing.T) {
 	errc := make(chan error, contenders)
 	for i := range contenders {
 		cli := c.Client(t)
-		m := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithTTL(5*time.Second)), name)
+		m := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithTTL(sessionTTL)), name)
 		go func() { errc <- contend(i, m, cli) }()
 	}
 	failed := func() error {

@@ -12,32 +12,54 @@ import (
 )
 
 // A hold is one acquisition (Lock, RLock, Acquire), until its release or
-// loss.
+// loss. (Its fields are ordered to fit a 112-byte allocation: a program may
+// hold thousands.)
 type hold struct {
-	rev     int64              // create revision of the key: the token
-	mode    KeyMode            // what the key asks for; guarded by queue.mu (Downgrade changes it)
-	hdr     *pb.ResponseHeader // response that showed the lock was ours
-	release func()             // gives back the session-local right to the name
-	done    chan struct{}      // closed when the hold ends
+	rev  int64              // create revision of the key: the token
+	mode KeyMode            // what the key asks for; guarded by queue.mu (Downgrade changes it)
+	hdr  *pb.ResponseHeader // response that showed the lock was ours
 
-	// Set when WithMaxHold re-attached the key to a lease of its own.
-	maxLease    clientv3.LeaseID
-	maxDeadline time.Time // the hold surely ends by then; Done closes before
+	limit *holdLimit // set when WithMaxHold re-attached the key to a lease of its own
 
 	// Guarded by queue.mu.
-	err   error                 // ErrLockLost after an involuntary end
-	ended bool                  // done is closed
-	stop  func(context.Context) // stops the loss watch; nil until Done asks for it
+	done chan struct{}         // closed when the hold ends; made by the first Done
+	err  error                 // ErrLockLost after an involuntary end
+	stop func(context.Context) // stops the loss watch; nil until Done asks for it
 
 	// Unlock's state, guarded by queue.mu. Once an Unlock attempt is sent,
 	// the key may vanish by Unlock's own doing: from then on a vanished
 	// key is no longer evidence of a loss.
+	lostBefore    error // the loss known when the first attempt was sent, or nil
 	unlocking     bool  // an Unlock or Downgrade call is under way; another gets ErrLockReleased
 	modeUnknown   bool  // a Downgrade's outcome is unknown: Unlock and RUnlock both release
 	sent          bool  // an Unlock attempt was sent
-	lostBefore    error // the loss known when the first attempt was sent, or nil
 	maybeDeleted  bool  // an attempt whose outcome is unknown was sent: its delete may have been applied
 	goneMidUnlock bool  // the loss watch saw the hold end while an attempt was in flight, and stopped
+
+	ended bool // the hold has ended (done, if made, is closed); guarded by queue.mu
+}
+
+// holdLimit is the lease of its own that WithMaxHold gives a hold's key.
+type holdLimit struct {
+	lease    clientv3.LeaseID
+	deadline time.Time // the hold surely ends by then; Done closes before
+}
+
+// maxLease returns the WithMaxHold lease of h's key, or 0.
+func (h *hold) maxLease() clientv3.LeaseID {
+	if h.limit == nil {
+		return 0
+	}
+	return h.limit.lease
+}
+
+// maxDeadline returns when the WithMaxHold lease of h's key surely ends,
+// or the zero time.
+func (h *hold) maxDeadline() time.Time {
+	if h.limit == nil {
+		return time.Time{}
+	}
+	return h.limit.deadline
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -60,16 +82,21 @@ func (q *queue) Done() <-chan struct{} {
 	defer q.mu.Unlock()
 	h := q.h
 	if h == nil {
-		if q.last != nil {
-			return q.last.done
-		}
+		h = q.last
+	}
+	if h == nil || h.ended && h.done == nil {
 		return closedChan
+	}
+	if h.done == nil {
+		h.done = make(chan struct{})
 	}
 	if h.stop == nil && !h.ended {
 		// Unlock stops the watch, and lets a read the watch has in flight
 		// finish, unless Unlock's own ctx ends first (see watchKey).
-		ctx, cancel := context.WithCancel(context.Background())
-		rpcCtx, cancelRPC := context.WithCancel(context.Background())
+		// Both end with the session (see watchHold). The watch's carries
+		// WithRequireLeader, made once per session rather than per hold.
+		ctx, cancel := context.WithCancel(q.s.watchCtx)
+		rpcCtx, cancelRPC := context.WithCancel(q.s.endCtx)
 		exited := make(chan struct{})
 		h.stop = func(uctx context.Context) {
 			cancel()
@@ -120,7 +147,7 @@ func (q *queue) unwatchedLoss(h *hold) error {
 	if err := q.s.Err(); err != nil {
 		return errorf("%w: %w", ErrLockLost, err)
 	}
-	if !h.maxDeadline.IsZero() && time.Now().After(h.maxDeadline.Add(-q.s.expiryMargin())) {
+	if !h.maxDeadline().IsZero() && time.Now().After(h.maxDeadline().Add(-q.s.expiryMargin())) {
 		return errorf("%w: %w", ErrLockLost, errMaxHold)
 	}
 	return nil
@@ -199,11 +226,7 @@ func (q *queue) unlockSurely(ctx context.Context) error {
 func (q *queue) endHold(ctx context.Context, h *hold, err error) {
 	q.mu.Lock()
 	stop := h.stop
-	if !h.ended {
-		h.ended = true
-		h.err = err
-		close(h.done)
-	}
+	h.end(err)
 	q.mu.Unlock()
 	if stop != nil {
 		stop(ctx)
@@ -227,13 +250,22 @@ func (q *queue) lose(h *hold, cause error) {
 	case h.sent:
 		// Between Unlock attempts: an earlier one may have deleted the
 		// key. The hold has ended, not known to be lost.
-		h.ended = true
-		close(h.done)
+		h.end(nil)
 		return
 	}
-	h.ended = true
-	h.err = errorf("%w: %w", ErrLockLost, cause)
-	close(h.done)
+	h.end(errorf("%w: %w", ErrLockLost, cause))
+}
+
+// end ends h with err (nil: not lost), unless it has ended already.
+// Called with queue.mu held.
+func (h *hold) end(err error) {
+	if h.ended {
+		return
+	}
+	h.ended, h.err = true, err
+	if h.done != nil {
+		close(h.done)
+	}
 }
 
 // watchHold ends h when its key is deleted, its session ends or its max
@@ -242,13 +274,11 @@ func (q *queue) lose(h *hold, cause error) {
 // before the read does.
 func (q *queue) watchHold(ctx, rpcCtx context.Context, h *hold) {
 	// The session's end and the max hold deadline end the hold whatever
-	// the watch is doing, even blocked on a link that is cut.
-	ctx, cancel := q.s.bound(ctx)
-	defer cancel()
-	rpcCtx, cancelRPC := q.s.bound(rpcCtx)
-	defer cancelRPC()
-	if !h.maxDeadline.IsZero() {
-		limit := h.maxDeadline.Add(-q.s.expiryMargin())
+	// the watch is doing, even blocked on a link that is cut: ctx and
+	// rpcCtx are derived from the session's endCtx (see Done), which ends
+	// with the session's error as its cause.
+	if !h.maxDeadline().IsZero() {
+		limit := h.maxDeadline().Add(-q.s.expiryMargin())
 		var cancelMax, cancelMaxRPC context.CancelFunc
 		ctx, cancelMax = context.WithDeadlineCause(ctx, limit, errMaxHold)
 		defer cancelMax()
@@ -281,7 +311,7 @@ func (q *queue) watchHold(ctx, rpcCtx context.Context, h *hold) {
 // watchKey watches h's key from now, checks it is still h's, and waits. It
 // returns the cause of a loss, or nil when ctx ended or the watch broke.
 func (q *queue) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wctx, cancel := context.WithCancel(ctx) // ctx requires a leader (Done)
 	defer cancel()
 	ch, _, err := q.openWatch(wctx, q.key)
 	if err != nil {
@@ -331,7 +361,7 @@ func (q *queue) holdGone(ctx context.Context, h *hold) error {
 	if sent {
 		return errorf("key %s was deleted", q.key)
 	}
-	return q.keyGone(ctx, h.maxLease)
+	return q.keyGone(ctx, h.maxLease())
 }
 
 // errMaxHold is the cause of a loss by WithMaxHold.
@@ -349,8 +379,8 @@ func (q *queue) limitHold(ctx context.Context, h *hold) error {
 	}
 	// etcd counts the lease from when it received the grant: no earlier
 	// than sent.
-	h.maxLease, h.maxDeadline = g.ID, sent.Add(time.Duration(g.TTL)*time.Second)
-	q.s.trackLease(h.maxLease, h.maxDeadline) // Close revokes it
+	h.limit = &holdLimit{lease: g.ID, deadline: sent.Add(time.Duration(g.TTL) * time.Second)}
+	q.s.trackLease(h.limit.lease, h.limit.deadline) // Close revokes it
 	resp, err := q.s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
 		Then(clientv3.OpPut(q.key, h.mode.value(), clientv3.WithLease(g.ID))).
@@ -369,17 +399,17 @@ func (q *queue) limitHold(ctx context.Context, h *hold) error {
 // out and that Close has not revoked. (Revoking a lease that is gone would
 // fail, and etcd's client would log a warning.)
 func (q *queue) revokeMaxHold(ctx context.Context, h *hold) {
-	if h.maxLease == 0 || !q.s.untrackLease(h.maxLease) {
+	if h.maxLease() == 0 || !q.s.untrackLease(h.maxLease()) {
 		return
 	}
-	if !time.Now().Before(h.maxDeadline) || q.s.cli.Ctx().Err() != nil {
+	if !time.Now().Before(h.maxDeadline()) || q.s.cli.Ctx().Err() != nil {
 		return // it has run out, or cannot be revoked: it expires on its own
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	// Best effort: if it fails the lease expires on its own at the limit,
 	// and Close tries again.
-	if _, err := q.s.cli.Revoke(cctx, h.maxLease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		q.s.trackLease(h.maxLease, h.maxDeadline)
+	if _, err := q.s.cli.Revoke(cctx, h.maxLease()); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		q.s.trackLease(h.maxLease(), h.maxDeadline())
 	}
 }

@@ -39,13 +39,23 @@ func NewMutex(s *Session, name string, opts ...MutexOption) *Mutex {
 // ctx's error (errors.Is(err, context.DeadlineExceeded) or
 // context.Canceled), an error matching ErrSessionExpired, ErrInvalidName,
 // or etcd's error. If the lock was granted just as ctx ended, it is released
-// again and Lock returns ctx's error. If ctx ends while the write that joins
-// the queue is in flight, Lock lets that one write finish (it is bounded by
-// the session and by 5s) so that it knows which key to remove: giving up on
-// it could leave a key that blocks the queue until the session ends.
+// again and Lock returns ctx's error.
 //
-// While it waits, Lock rides out broken watches and leader elections: the
-// queue keeps its place, and only ctx or the session's end make it leave.
+// Lock sets no deadline of its own. If ctx ends while the write that joins
+// the queue is in flight, Lock waits for etcd's answer to that write so that
+// it knows which key to remove, and then removes it: giving up on the write
+// could leave a key that blocks the queue until the session ends. Both wait
+// only while the session lives: the key is bound to the session's lease, so
+// once the session has ended (at most its TTL after etcd was last reached)
+// the key goes with the lease. If the write's answer had not come by then,
+// Lock returns an error that says so, matching ErrSessionExpired and, if
+// ctx has ended, ctx's error.
+//
+// While it waits, Lock rides out broken watches, leader elections and an
+// overloaded etcd ("request timed out", "too many requests"): the write that
+// joins the queue is sent again (it keeps the place an earlier attempt may
+// have taken), the queue keeps its place, and only ctx or the session's end
+// make it leave.
 func (m *Mutex) Lock(ctx context.Context) error { return m.lock(ctx, KeyMode{}, true) }
 
 // TryLock takes the lock if no one holds it or waits for it, and otherwise

@@ -92,10 +92,20 @@ type mutexOptions struct {
 // TryLock return an error wrapping ErrInvalidOption.
 type MutexOption func(*mutexOptions) error
 
-func newMutexOptions(opts []MutexOption) mutexOptions {
-	var o mutexOptions
+// defaultMutexOptions are the settings of every Mutex made without options:
+// shared, never written.
+var defaultMutexOptions mutexOptions
+
+// newMutexOptions applies opts. The result is read-only: without opts it
+// is defaultMutexOptions, shared by every such Mutex (a pointer, not a
+// copy, keeps each Mutex smaller).
+func newMutexOptions(opts []MutexOption) *mutexOptions {
+	if len(opts) == 0 {
+		return &defaultMutexOptions
+	}
+	o := new(mutexOptions)
 	for _, opt := range opts {
-		if err := opt(&o); err != nil && o.err == nil {
+		if err := opt(o); err != nil && o.err == nil {
 			o.err = err
 		}
 	}

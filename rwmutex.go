@@ -66,7 +66,8 @@ func (m *RWMutex) Unlock(ctx context.Context) error {
 }
 
 // RLock blocks until a read lock is held, ctx ends, or the session ends:
-// until no writer is ahead of it. On failure it leaves no key, as Lock.
+// until no writer is ahead of it. It sets no deadline of its own, and on
+// failure leaves no key, as Mutex.Lock.
 func (m *RWMutex) RLock(ctx context.Context) error { return m.lock(ctx, shared, true) }
 
 // TryRLock takes a read lock if no writer holds the lock or waits for it,

@@ -46,17 +46,20 @@ type Semaphore struct {
 // the name is checked as NewMutex's is.
 func NewSemaphore(s *Session, name string, capacity int64, opts ...MutexOption) *Semaphore {
 	sem := &Semaphore{capacity: capacity}
-	sem.init(s, name, opts)
-	if capacity < 1 && sem.opts.err == nil {
-		sem.opts.err = errorf("%w: capacity %d, want at least 1", ErrInvalidOption, capacity)
+	if capacity < 1 {
+		// Reported after any invalid option given.
+		opts = append(opts[:len(opts):len(opts)], func(*mutexOptions) error {
+			return errorf("%w: capacity %d, want at least 1", ErrInvalidOption, capacity)
+		})
 	}
+	sem.init(s, name, opts)
 	return sem
 }
 
 // Acquire blocks until n permits are held, ctx ends, or the session ends.
 // It returns ErrInvalidWeight at once, with no RPC, for n below 1 or above
-// the capacity. On failure it leaves no key under the lock's prefix and
-// returns what Mutex.Lock returns.
+// the capacity. It sets no deadline of its own; on failure it leaves no key
+// under the lock's prefix and returns what Mutex.Lock returns.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
 	mode, err := s.mode(n)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // A Session is a lease on etcd kept alive while the process runs. Every lock
@@ -39,6 +40,9 @@ type Session struct {
 	// so that RPCs made for the session's locks stop with it.
 	endCtx    context.Context
 	endCancel context.CancelCauseFunc
+	// watchCtx is endCtx with clientv3.WithRequireLeader: the loss watches
+	// of the session's holds derive from it.
+	watchCtx context.Context
 
 	stop     func()        // stops the keepalive loop
 	loopDone chan struct{} // closed when the keepalive loop returned
@@ -49,18 +53,34 @@ type Session struct {
 	closed    bool       // Close or Orphan was called
 	revoking  bool       // Close was called: it revokes the leases, once
 	leaseGone bool       // etcd said the lease no longer exists
-	names     map[string]*nameLock
+	names     map[string]nameLock
 	extra     map[clientv3.LeaseID]time.Time // WithMaxHold leases not yet revoked, and when they run out
+}
+
+// requireLeaderMD is the metadata of clientv3.WithRequireLeader, made once
+// and shared: never written.
+var requireLeaderMD = metadata.Pairs(rpctypes.MetadataRequireLeaderKey, rpctypes.MetadataHasLeader)
+
+// requireLeader is clientv3.WithRequireLeader(ctx), without its allocation
+// of the metadata when ctx carries none of its own: a waiter keeps its
+// context, and this one less, for as long as it waits.
+func requireLeader(ctx context.Context) context.Context {
+	if _, ok := metadata.FromOutgoingContext(ctx); ok {
+		return clientv3.WithRequireLeader(ctx)
+	}
+	return metadata.NewOutgoingContext(ctx, requireLeaderMD)
 }
 
 // errClientClosed is why a session ends when its client was closed.
 var errClientClosed = errors.New("etcd client closed")
 
 // nameLock lets one Mutex of a session at a time queue for or hold a name:
-// they all share the key name/<lease>, so etcd cannot tell them apart.
+// they all share the key name/<lease>, so etcd cannot tell them apart. It
+// is kept by value in Session.names, guarded by Session.mu.
 type nameLock struct {
-	sem  chan struct{} // holds a token while a Mutex queues for or holds the name
-	refs int           // Mutex calls using sem; guarded by Session.mu
+	refs int32         // Mutex calls using the name
+	held bool          // a Mutex queues for or holds the name
+	free chan struct{} // closed when held ends, made only when someone waits for that
 }
 
 // NewSession grants a lease (or adopts one, see WithLease) and starts
@@ -116,6 +136,7 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	s := &Session{
 		endCtx:    endCtx,
 		endCancel: endCancel,
+		watchCtx:  metadata.NewOutgoingContext(endCtx, requireLeaderMD),
 		cli:       cli,
 		keeper:    acquireKeeper(cli),
 		id:        id,
@@ -124,7 +145,7 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		stop:      func() { stop(nil) },
 		loopDone:  make(chan struct{}),
 		deadline:  sent.Add(left),
-		names:     make(map[string]*nameLock),
+		names:     make(map[string]nameLock),
 	}
 	go s.keepAlive(ctx, unwatch)
 	return s, nil
@@ -377,44 +398,57 @@ func (s *Session) lost() {
 // blocks until the right is free, ctx ends or the session ends; without, it
 // returns ErrLocked if another Mutex of the session queues for or holds
 // name. ctx must be bound to the session (bound), so that waiting ends with
-// it. The returned release gives the right back; call it exactly once.
-func (s *Session) acquireName(ctx context.Context, name string, wait bool) (release func(), err error) {
+// it. Give the right back with releaseName, exactly once.
+func (s *Session) acquireName(ctx context.Context, name string, wait bool) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	nl := s.names[name]
-	if nl == nil {
-		nl = &nameLock{sem: make(chan struct{}, 1)}
-		s.names[name] = nl
-	}
 	nl.refs++
-	s.mu.Unlock()
-
-	unref := func() {
-		s.mu.Lock()
-		nl.refs--
-		if nl.refs == 0 {
-			delete(s.names, name)
+	for nl.held {
+		if !wait {
+			s.unrefName(name, nl)
+			return ErrLocked
 		}
+		if nl.free == nil {
+			nl.free = make(chan struct{})
+		}
+		s.names[name] = nl
 		s.mu.Unlock()
+		select {
+		case <-nl.free:
+			s.mu.Lock()
+			nl = s.names[name]
+		case <-ctx.Done(): // ctx is bound to the session: this is its end too
+			s.mu.Lock()
+			s.unrefName(name, s.names[name])
+			return ctx.Err()
+		}
 	}
-	release = func() {
-		<-nl.sem
-		unref()
-	}
+	nl.held = true
+	s.names[name] = nl
+	return nil
+}
 
-	select {
-	case nl.sem <- struct{}{}:
-		return release, nil
-	default:
+// releaseName gives back the right to name that acquireName took.
+func (s *Session) releaseName(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	nl := s.names[name]
+	nl.held = false
+	if nl.free != nil {
+		close(nl.free)
+		nl.free = nil
 	}
-	if !wait {
-		unref()
-		return nil, ErrLocked
+	s.unrefName(name, nl)
+}
+
+// unrefName stores nl, the state of name, less one reference, and forgets
+// name with the last one. Called with s.mu held.
+func (s *Session) unrefName(name string, nl nameLock) {
+	nl.refs--
+	if nl.refs == 0 {
+		delete(s.names, name)
+		return
 	}
-	select {
-	case nl.sem <- struct{}{}:
-		return release, nil
-	case <-ctx.Done(): // ctx is bound to the session: this is its end too
-		unref()
-		return nil, ctx.Err()
-	}
+	s.names[name] = nl
 }

@@ -39,8 +39,17 @@ const (
 	maxWatched = 64
 )
 
-// cleanupTimeout bounds the RPC that removes a key after a failed Lock.
+// cleanupTimeout bounds a best-effort RPC whose failure leaves nothing
+// behind that the session's lease does not remove: hold.go's unlock
+// attempts, its check read and the revoke of a max hold lease. The writes
+// that join the queue, and the removal of a key after a failed Lock, have
+// no such bound (writeCtx): a deadline there would leave a key behind.
 const cleanupTimeout = 5 * time.Second
+
+// minBackoff and maxBackoff bound the pause before a waiter reads the
+// queue again, or a write that joins or leaves it is sent again, after an
+// error that passes (retryable).
+const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
 
 // A queue is the mechanism every primitive shares: a key per session under
 // name/, placed in line by its create revision; a grant rule per key mode
@@ -51,7 +60,9 @@ const cleanupTimeout = 5 * time.Second
 //
 // Invariant K: no code changes the mode (the value) of an existing key.
 // Everything that Puts an existing key keeps its value; a key of this
-// session left in another mode is deleted and created again. Every rule's
+// session left in another mode is deleted and created again. The one
+// exception, Election.Proclaim, changes a value but never a mode: every
+// election value reads as exclusive (checkValue). Every rule's
 // blockers are a witness only while the keys ahead keep their modes: a
 // waiter is not woken when a key it does not watch changes.
 type queue struct {
@@ -60,7 +71,7 @@ type queue struct {
 	pfx  string // name + "/"
 	key  string // pfx + lease ID in hex
 
-	opts mutexOptions
+	opts *mutexOptions // read-only: may be shared (newMutexOptions)
 
 	mu   sync.Mutex // guards h, last, and the fields of holds marked so
 	h    *hold      // the current hold; nil when not held
@@ -79,6 +90,7 @@ func (q *queue) init(s *Session, name string, opts []MutexOption) {
 	q.s, q.name, q.pfx, q.opts = s, name, name+"/", newMutexOptions(opts)
 	if s != nil {
 		q.key = fmt.Sprintf("%s%x", q.pfx, int64(s.Lease()))
+		q.pfx = q.key[:len(q.pfx)] // one string for both
 	}
 }
 
@@ -88,6 +100,12 @@ func (q *queue) self() *queue { return q }
 // lock is Lock, RLock and Acquire (wait) and their Try forms: it takes a
 // hold in mode.
 func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
+	return q.lockValue(ctx, mode, mode.value(), wait)
+}
+
+// lockValue is lock with the key's value given: mode.value(), or an
+// election's proposal (whose mode, read back, is exclusive).
+func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bool) error {
 	if err := q.validate(); err != nil {
 		return err
 	}
@@ -109,25 +127,25 @@ func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
 	// The right is per session and name, across primitives: they all share
 	// the key name/<lease>, so one hold per session and name holds for
 	// every mix of them.
-	release, err := q.s.acquireName(bctx, q.name, wait)
-	if err != nil {
+	if err := q.s.acquireName(bctx, q.name, wait); err != nil {
 		return q.cause(ctx, err)
 	}
 	var rev int64
 	var hdr *pb.ResponseHeader
+	var err error
 	if wait {
-		rev, hdr, err = q.acquire(bctx, mode)
+		rev, hdr, err = q.acquire(bctx, mode, val)
 	} else {
-		rev, hdr, err = q.tryAcquire(bctx, mode)
+		rev, hdr, err = q.tryAcquire(bctx, mode, val)
 	}
 	if err != nil {
-		release()
+		q.s.releaseName(q.name)
 		return q.cause(ctx, err)
 	}
-	h := &hold{rev: rev, mode: mode, hdr: hdr, release: release, done: make(chan struct{})}
+	h := &hold{rev: rev, mode: mode, hdr: hdr}
 	if q.opts.maxHold > 0 {
 		if err := q.limitHold(bctx, h); err != nil {
-			release()
+			q.s.releaseName(q.name)
 			return q.cause(ctx, err)
 		}
 	}
@@ -151,11 +169,17 @@ func (q *queue) validate() error {
 	if q.opts.err != nil {
 		return q.opts.err
 	}
-	if q.name == "" {
+	return checkName(q.name)
+}
+
+// checkName returns ErrInvalidName for an empty name or one longer than
+// MaxNameLen.
+func checkName(name string) error {
+	if name == "" {
 		return errorf("%w: empty name", ErrInvalidName)
 	}
-	if len(q.name) > MaxNameLen {
-		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(q.name), MaxNameLen)
+	if len(name) > MaxNameLen {
+		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(name), MaxNameLen)
 	}
 	return nil
 }
@@ -163,7 +187,7 @@ func (q *queue) validate() error {
 // acquire joins the queue in mode and waits for its turn. It returns the
 // create revision of the key and the header of the response that showed
 // the hold was admitted.
-func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.ResponseHeader, err error) {
+func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, err error) {
 	// One round trip puts the key and reads the newest keys under the
 	// prefix. Read after the put in the same Txn, they show who is ahead:
 	// uncontended Lock is this one RPC. If this session already has a key
@@ -176,10 +200,11 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.R
 	// removed, and the key placed anew.
 	var resp *clientv3.TxnResponse
 	for attempt := 0; ; attempt++ {
-		resp, err = q.place(ctx, mode)
+		resp, err = q.join(ctx, mode, val)
 		if err != nil {
-			// The Txn may have been applied even though its answer was lost.
-			return 0, nil, q.fail(ctx, 0, q.rpcErr(err))
+			// The Txn may have been applied even though its answer was
+			// lost: remove the key by name.
+			return 0, nil, q.fail(ctx, 0, err)
 		}
 		if resp.Succeeded {
 			break
@@ -229,6 +254,70 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.R
 	return rev, hdr, nil
 }
 
+// join is place, sent again after an error that passes (retryable) while
+// ctx and the session last. place may be sent again whatever became of
+// the attempt before: if that one put the key, the next finds it in the
+// same mode and keeps its place. So a burst that overloads etcd (its
+// "request timed out", "too many requests") or a leader election slows
+// the Locks down rather than failing them.
+//
+// Each attempt is waited for (writeCtx) even after ctx ends: join returns
+// once etcd answered an attempt, or after an error that does not pass, or
+// when the session ends. It then returns ctx's error if ctx has ended (the
+// caller removes the key, if any, by name), or an error matching
+// ErrSessionExpired that says the key is left to the lease.
+func (q *queue) join(ctx context.Context, mode KeyMode, val string) (*clientv3.TxnResponse, error) {
+	backoff := minBackoff
+	for {
+		resp, err := q.place(ctx, mode, val)
+		if err == nil {
+			return resp, nil
+		}
+		err = q.rpcErr(err)
+		if !q.retryable(ctx, err) || !pause(ctx, &backoff) {
+			return nil, q.unknownWrite(ctx, err)
+		}
+	}
+}
+
+// unknownWrite explains the failure of a write of Lock whose outcome is
+// unknown (err is the RPC's error): while the session lives, ctx's error
+// if ctx has ended, else err; once the session has ended, an error that
+// says so, matching ctx's error if ctx has ended and ErrSessionExpired,
+// and that says the key, if the write put it, goes with the lease.
+func (q *queue) unknownWrite(ctx context.Context, err error) error {
+	serr := q.s.Err()
+	cerr := ctx.Err()
+	switch {
+	case serr != nil && cerr != nil:
+		return errorf("%w; the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", cerr, q.name, err, serr)
+	case serr != nil:
+		return errorf("the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", q.name, err, serr)
+	case cerr != nil:
+		return cerr
+	}
+	return err
+}
+
+// pause waits *backoff, then doubles it up to maxBackoff. It returns false,
+// at once, if ctx ends first.
+func pause(ctx context.Context, backoff *time.Duration) bool {
+	return pauseUpTo(ctx, backoff, maxBackoff)
+}
+
+// pauseUpTo is pause with the limit of the backoff given.
+func pauseUpTo(ctx context.Context, backoff *time.Duration, limit time.Duration) bool {
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	*backoff = min(2**backoff, limit)
+	return true
+}
+
 // place is acquire's round trip: it puts the key in mode unless this
 // session has one, and reads the newest keys of the queue. It is a
 // function of its own to keep its many Ops out of acquire's stack frame,
@@ -236,8 +325,7 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode) (rev int64, hdr *pb.R
 // goroutine's stack could not shrink back to its initial size.
 //
 //go:noinline
-func (q *queue) place(ctx context.Context, mode KeyMode) (*clientv3.TxnResponse, error) {
-	val := mode.value()
+func (q *queue) place(ctx context.Context, mode KeyMode, val string) (*clientv3.TxnResponse, error) {
 	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
 	wctx, cancel := q.writeCtx(ctx)
 	defer cancel()
@@ -290,8 +378,11 @@ func queueOpts(mode KeyMode, order clientv3.SortOrder, maxRev, minRev int64, lat
 // isChild reports whether key is a key of this lock: a direct child of the
 // prefix. Keys of nested locks (name/sub/<lease>) also fall in the
 // prefix's range but belong to another lock (etcd's Mutex waits on them).
-func (q *queue) isChild(key []byte) bool {
-	rest, ok := strings.CutPrefix(string(key), q.pfx)
+func (q *queue) isChild(key []byte) bool { return isChild(q.pfx, key) }
+
+// isChild reports whether key is a direct child of pfx (name + "/").
+func isChild(pfx string, key []byte) bool {
+	rest, ok := strings.CutPrefix(string(key), pfx)
 	return ok && rest != "" && !strings.Contains(rest, "/")
 }
 
@@ -349,8 +440,7 @@ func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb
 // every key of the queue (a rule that admits me behind everyone admits me
 // at my place), or, for this session's own leftover key in the same mode,
 // at that key's place.
-func (q *queue) tryAcquire(ctx context.Context, mode KeyMode) (int64, *pb.ResponseHeader, error) {
-	val := mode.value()
+func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64, *pb.ResponseHeader, error) {
 	// A read-only Txn answers "held" without a Raft write or a new
 	// revision. etcd sends any Txn with a Put through Raft even when its
 	// compare fails, so only an all-read request is served as a read.
@@ -409,7 +499,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode) (int64, *pb.Respon
 		tresp, err := q.s.cli.Txn(wctx).If(cmps...).Then(put).Else(first...).Commit()
 		cancel()
 		if err != nil {
-			return 0, nil, q.fail(ctx, 0, q.rpcErr(err))
+			return 0, nil, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
 		}
 		if tresp.Succeeded {
 			rev := tresp.Header.Revision
@@ -464,7 +554,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 	}
 	// After a loss the delete only tidies up; it is not needed when the
 	// key went with the session's lease.
-	send := notSent == nil && (lost == nil || h.maxLease != 0 || !q.s.leaseIsGone())
+	send := notSent == nil && (lost == nil || h.maxLease() != 0 || !q.s.leaseIsGone())
 	h.unlocking = true // a second Unlock now gets ErrLockReleased
 	h.sent = h.sent || send
 	q.mu.Unlock()
@@ -485,7 +575,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 	case err == nil && !retry:
 		// No attempt of ours can have deleted the key: it was gone
 		// before Unlock.
-		err = errorf("%w before %s: %w", ErrLockLost, op, q.keyGone(ctx, h.maxLease))
+		err = errorf("%w before %s: %w", ErrLockLost, op, q.keyGone(ctx, h.maxLease()))
 		endErr = err
 	case err == nil:
 		// An earlier attempt may have deleted the key: not known lost.
@@ -499,11 +589,10 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		q.mu.Lock()
 		h.unlocking = false
 		h.maybeDeleted = h.maybeDeleted || send
-		if h.goneMidUnlock && !h.ended {
+		if h.goneMidUnlock {
 			// The loss watch saw the hold end while the RPC ran, and
 			// has stopped: Done tells now that the hold is over.
-			h.ended = true
-			close(h.done)
+			h.end(nil)
 		}
 		q.mu.Unlock()
 		return errorf("unlock %s: %w", q.key, err)
@@ -513,7 +602,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 	q.mu.Lock()
 	q.h, q.last = nil, h
 	q.mu.Unlock()
-	h.release()
+	q.s.releaseName(q.name)
 	return err
 }
 
@@ -561,17 +650,16 @@ func (q *queue) Token() int64 {
 }
 
 // writeCtx returns a context for a write whose outcome must be known: it
-// outlives ctx's cancellation, so that Lock never gives up on a Put whose
-// fate is unknown (a Put applied after the cleanup's Delete would leave a
-// key that blocks the queue until the session ends). It ends with the
-// session, or after cleanupTimeout. Lock checks ctx right after the write.
+// outlives ctx's cancellation and deadline, so that Lock never gives up on
+// a Put whose fate is unknown (a Put applied after the cleanup's Delete
+// would leave a key that blocks the queue until the session ends). It ends
+// only with the session, and needs no other bound: the key is bound to the
+// session's lease, so once the session has ended nothing the write does
+// outlives the lease. Lock checks ctx right after the write. A deadline of
+// the library's own here made Locks with no deadline fail under load with
+// a context.DeadlineExceeded their callers could not tell from their own.
 func (q *queue) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	bctx, cancel := q.s.bound(context.WithoutCancel(ctx))
-	tctx, tcancel := context.WithTimeout(bctx, cleanupTimeout)
-	return tctx, func() {
-		tcancel()
-		cancel()
-	}
+	return q.s.bound(context.WithoutCancel(ctx))
 }
 
 // cause returns err, or the session's end when that is what stopped a call
@@ -602,18 +690,31 @@ func (q *queue) fail(ctx context.Context, rev int64, err error) error {
 }
 
 // remove deletes this queue's key if its create revision is rev (by name
-// when rev is 0), with a context that is not the cancelled one.
+// when rev is 0), with a context that is not the cancelled one (writeCtx):
+// a key left behind would block the queue for as long as the session
+// lives. It sends the Delete again after an error that passes (retryable),
+// which is safe however many land, while the session lasts. Once the
+// session has ended the key goes with the lease, and remove returns nil.
 func (q *queue) remove(ctx context.Context, rev int64) error {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	cctx, cancel := q.writeCtx(ctx)
 	defer cancel()
-	txn := q.s.cli.Txn(cctx)
+	var cmps []clientv3.Cmp
 	if rev != 0 {
-		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
 	}
-	if _, err := txn.Then(clientv3.OpDelete(q.key)).Commit(); err != nil {
-		return errorf("remove %s after failed lock: %w", q.key, err)
+	backoff := minBackoff
+	for {
+		_, err := q.s.cli.Txn(cctx).If(cmps...).Then(clientv3.OpDelete(q.key)).Commit()
+		if err == nil || q.s.Err() != nil {
+			return nil
+		}
+		if !q.retryable(cctx, err) || !pause(cctx, &backoff) {
+			if q.s.Err() != nil {
+				return nil
+			}
+			return errorf("remove %s after failed lock: %w", q.key, err)
+		}
 	}
-	return nil
 }
 
 // rpcErr maps etcd's "lease not found" to ErrSessionExpired.
@@ -644,7 +745,6 @@ var errWatchBroken = errors.New("etcdlock: watch broken")
 // every earlier key is gone: etcd issue 19597; its RWMutex recipe then even
 // acquires without a key: etcd issue 16221).
 func (q *queue) wait(ctx context.Context, me entry, blockers []entry, freeing []string, readRev int64) (*pb.ResponseHeader, error) {
-	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
 	backoff := minBackoff
 	for {
 		started := time.Now()
@@ -662,14 +762,9 @@ func (q *queue) wait(ctx context.Context, me entry, blockers []entry, freeing []
 		// keeps our place meanwhile: only ctx or the session's end make
 		// the waiter give it up.
 		for {
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !pause(ctx, &backoff) {
 				return nil, ctx.Err()
-			case <-t.C:
 			}
-			backoff = min(2*backoff, maxBackoff)
 			hdr, blockers, freeing, err = q.check(ctx, me, 0)
 			if err == nil {
 				break
@@ -693,6 +788,12 @@ func (q *queue) retryable(ctx context.Context, err error) bool {
 	if err == nil || ctx.Err() != nil || q.s.Err() != nil {
 		return false
 	}
+	return passing(err)
+}
+
+// passing reports whether err passes: a broken watch, or an etcd error
+// that a later attempt may not meet.
+func passing(err error) bool {
 	if errors.Is(err, errWatchBroken) {
 		return true
 	}
@@ -747,10 +848,13 @@ func (q *queue) watched(blockers []entry) []string {
 func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freeing []string, readRev int64) (*pb.ResponseHeader, error) {
 	// WithRequireLeader: a member cut off from the leader cancels the watch
 	// rather than leaving it silent while the lock moves on elsewhere.
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	// Each watch has a context of its own (no common one: a waiter is
+	// lighter without), cancelled when it is no longer wanted or on return.
+	wctx := requireLeader(ctx)
+	octx, cancel := context.WithCancel(wctx)
 	defer cancel()
 
-	own, ownRev, err := q.openWatch(wctx, q.key)
+	own, ownRev, err := q.openWatch(octx, q.key)
 	if err != nil {
 		return nil, err
 	}

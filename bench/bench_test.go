@@ -2,6 +2,7 @@ package bench_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,12 @@ import (
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/leakcheck"
 )
+
+// scale runs the benchmarks of bench.ScaleScenarios and idle sessions
+// (BenchmarkScale…): minutes each, so they are left out unless asked for:
+//
+//	go test -run '^$' -bench Scale -benchtime 1x -timeout 60m ./bench/ -scale
+var scale = flag.Bool("scale", false, "run the scale benchmarks (minutes each)")
 
 // The clusters start on first use, so that `go test ./...` without -bench
 // starts none, and stop in TestMain.
@@ -122,10 +129,102 @@ func runScenario(b *testing.B, e *bench.Env, sc bench.Scenario, impl bench.Impl)
 	case "acquisition", "handoff":
 		b.ReportMetric(float64(r.Ops)/r.Elapsed.Seconds(), "acq/s")
 	}
+	per := "waiter"
+	if sc.Unit == "held lock" {
+		per = "held"
+	}
+	if r.ServerCPU > 0 && (sc.Unit == "handoff" || sc.Unit == "held lock" || sc.Unit == "queue read") {
+		// The members' CPU time, in 10ms ticks: meaningful over the
+		// seconds a queue or 10 000 Locks take, not for the short
+		// scenarios.
+		b.ReportMetric(r.ServerMicrosPerOp(), "server-us/op")
+	}
 	if q := r.Queue; q != nil {
-		b.ReportMetric(q.ClientHeap+q.Stack, "B/waiter")
-		b.ReportMetric(q.Goroutines, "goroutines/waiter")
+		b.ReportMetric(q.ClientHeap+q.Stack, "B/"+per)
+		b.ReportMetric(q.Goroutines, "goroutines/"+per)
 		b.ReportMetric(q.Growth, "mem-growth")
+		if *scale {
+			b.ReportMetric(q.ClientHeap, "heap-B/"+per)
+		}
+	}
+}
+
+// benchScale runs the scenario called name, on one member, if -scale is
+// given.
+func benchScale(b *testing.B, name string) {
+	if !*scale {
+		b.Skip("scale benchmarks run with -scale")
+	}
+	sc, ok := bench.Lookup(name)
+	if !ok {
+		b.Fatalf("no scenario %q", name)
+	}
+	e := env(b, 1)
+	for _, impl := range bench.Impls {
+		if sc.RunsFor(impl.Name) {
+			b.Run("impl="+impl.Name, func(b *testing.B) { runScenario(b, e, sc, impl) })
+		}
+	}
+}
+
+// BenchmarkScaleFIFO measures queues of 1000 and 3000 waiters drained
+// after the holder releases, on one member: time, RPCs and the members'
+// CPU time per handoff, memory and goroutines per waiter. With -scale.
+func BenchmarkScaleFIFO(b *testing.B) {
+	for _, w := range []int{1000, 3000} {
+		b.Run(fmt.Sprintf("waiters=%d", w), func(b *testing.B) { benchScale(b, fmt.Sprintf("fifo-%d", w)) })
+	}
+}
+
+// BenchmarkScaleQueueRead measures the read a waiter sends when the key
+// ahead of it goes, with 100, 1000 and 3000 keys ahead: the members' CPU
+// time per read. With -scale.
+func BenchmarkScaleQueueRead(b *testing.B) {
+	for _, n := range []int{100, 1000, 3000} {
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) { benchScale(b, fmt.Sprintf("queue-read-%d", n)) })
+	}
+}
+
+// BenchmarkScaleHeld measures 10 000 locks held at once through 16
+// sessions, without and with Done: memory and goroutines per held lock.
+// With -scale.
+func BenchmarkScaleHeld(b *testing.B) {
+	for _, name := range []string{"held-10000", "held-10000-done"} {
+		b.Run(name, func(b *testing.B) { benchScale(b, name) })
+	}
+}
+
+// BenchmarkScaleIdle measures 100 and 1000 idle sessions (TTL 6s, over 4
+// clients) for 20s each, as the idle command does: keepalive streams
+// opened and renewals sent per second, and the CPU time per renewal of
+// the members and of this process. With -scale.
+func BenchmarkScaleIdle(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		b.Run(fmt.Sprintf("sessions=%d", n), func(b *testing.B) {
+			if !*scale {
+				b.Skip("scale benchmarks run with -scale")
+			}
+			e := env(b, 1)
+			for _, impl := range bench.Impls {
+				b.Run("impl="+impl.Name, func(b *testing.B) {
+					b.StopTimer()
+					var r bench.IdleResult
+					for range b.N {
+						r1, err := bench.Idle(b.Context(), e, impl, n, 4, 6*time.Second, 20*time.Second)
+						if err != nil {
+							b.Fatal(err)
+						}
+						r = r.Add(r1)
+					}
+					b.ReportMetric(r.RenewalsPerSecond(), "renewals/s")
+					b.ReportMetric(r.StreamsPerSecond(), "streams/s")
+					b.ReportMetric(float64(r.Unary)/r.Window.Seconds(), "unary/s")
+					b.ReportMetric(float64(r.ServerCPUPerRenewal())/float64(time.Microsecond), "server-us/renewal")
+					b.ReportMetric(float64(r.ServerNetCPUPerRenewal())/float64(time.Microsecond), "server-net-us/renewal")
+					b.ReportMetric(float64(r.ClientCPUPerRenewal())/float64(time.Microsecond), "client-us/renewal")
+				})
+			}
+		})
 	}
 }
 

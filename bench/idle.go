@@ -24,6 +24,21 @@ type IdleResult struct {
 	ServerCPU, ServerIdleCPU, ClientCPU time.Duration
 }
 
+// Add returns the sums of r and o, measured over windows one after the
+// other.
+func (r IdleResult) Add(o IdleResult) IdleResult {
+	return IdleResult{
+		Sessions:      max(r.Sessions, o.Sessions),
+		Window:        r.Window + o.Window,
+		Renewals:      r.Renewals + o.Renewals,
+		Streams:       r.Streams + o.Streams,
+		Unary:         r.Unary + o.Unary,
+		ServerCPU:     r.ServerCPU + o.ServerCPU,
+		ServerIdleCPU: r.ServerIdleCPU + o.ServerIdleCPU,
+		ClientCPU:     r.ClientCPU + o.ClientCPU,
+	}
+}
+
 // StreamsPerSecond returns the keepalive streams opened per second.
 func (r IdleResult) StreamsPerSecond() float64 { return float64(r.Streams) / r.Window.Seconds() }
 

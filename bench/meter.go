@@ -29,9 +29,13 @@ type Result struct {
 	// Allocs and AllocBytes are the heap allocations of the whole process
 	// (clients only: etcd runs in processes of its own).
 	Allocs, AllocBytes uint64
-	// ServerCPU is the CPU time the etcd members used, ClientCPU that of
-	// this process (the clients); 0 where /proc cannot tell (not Linux).
-	ServerCPU, ClientCPU time.Duration
+	// ServerCPU is the user+system CPU time of the etcd members (0 where
+	// it cannot be read: off Linux). It counts in 10ms ticks: meaningful
+	// for windows of seconds (the queues), not for short ones.
+	ServerCPU time.Duration
+	// ClientCPU is the CPU time of this process (the clients), 0 where it
+	// cannot be read.
+	ClientCPU time.Duration
 
 	// Queue is set by the FIFO scenarios: the cost of the waiting Mutexes.
 	Queue *QueueCost
@@ -124,6 +128,11 @@ func (r Result) ServerCPUPerOp() float64 { return r.PerOp(float64(r.ServerCPU)) 
 
 func (r Result) ClientCPUPerOp() float64 { return r.PerOp(float64(r.ClientCPU)) }
 
+// ServerMicrosPerOp returns the members' CPU time per operation, in µs.
+func (r Result) ServerMicrosPerOp() float64 {
+	return r.PerOp(float64(r.ServerCPU) / float64(time.Microsecond))
+}
+
 // A meter measures windows of a run: elapsed time, RPCs of the run's
 // clients, revisions of the store and allocations of the process. start
 // and stop alternate; they may be called from any goroutine, one at a time.
@@ -139,8 +148,8 @@ type meter struct {
 	ka0    int64
 	rev0   int64
 	alloc0 runtime.MemStats
-	srv0   time.Duration
-	cli0   time.Duration
+	cpu0   time.Duration // members' CPU time; < 0 when it cannot be read
+	cli0   time.Duration // this process's CPU time; < 0 when it cannot be read
 }
 
 func newMeter(env *Env, rpcs *rpcCount, timer Timer) *meter {
@@ -164,10 +173,10 @@ func (m *meter) startAfter(ctx context.Context, fn func() error) error {
 	if err := fn(); err != nil {
 		return err
 	}
-	srv, cli := m.cpu()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rev0, m.srv0, m.cli0 = rev, srv, cli
+	m.rev0 = rev
+	m.cpu0, m.cli0 = readServerCPU(m.env), readClientCPU()
 	runtime.ReadMemStats(&m.alloc0)
 	m.rpc0, m.ka0 = m.rpcs.all.Total(), m.rpcs.keepAlive.Load()
 	if m.timer != nil {
@@ -188,15 +197,18 @@ func (m *meter) stop(ctx context.Context, ops int64) error {
 	rpcs, ka := m.rpcs.all.Total(), m.rpcs.keepAlive.Load()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	srv, cli := m.cpu()
-	m.res.ServerCPU += srv - m.srv0
-	m.res.ClientCPU += cli - m.cli0
 	m.res.Ops += ops
 	m.res.Elapsed += elapsed
 	m.res.RPCs += rpcs - m.rpc0
 	m.res.KeepAlives += ka - m.ka0
 	m.res.Allocs += ms.Mallocs - m.alloc0.Mallocs
 	m.res.AllocBytes += ms.TotalAlloc - m.alloc0.TotalAlloc
+	if cpu := readServerCPU(m.env); cpu >= 0 && m.cpu0 >= 0 {
+		m.res.ServerCPU += cpu - m.cpu0
+	}
+	if cpu := readClientCPU(); cpu >= 0 && m.cli0 >= 0 {
+		m.res.ClientCPU += cpu - m.cli0
+	}
 	rev0 := m.rev0
 	m.mu.Unlock()
 
@@ -210,17 +222,29 @@ func (m *meter) stop(ctx context.Context, ops int64) error {
 	return nil
 }
 
-// cpu returns the CPU time used so far by the members and by this process;
-// 0 for what cannot be read.
-func (m *meter) cpu() (srv, cli time.Duration) {
-	srv, _ = serverCPU(m.env)
-	cli, _ = clientCPU()
-	return srv, cli
-}
-
 // result returns the sums of the windows so far.
 func (m *meter) result() Result {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.res
+}
+
+// readServerCPU returns the CPU time the members of env have used, or -1
+// when it cannot be read.
+func readServerCPU(env *Env) time.Duration {
+	d, err := serverCPU(env)
+	if err != nil {
+		return -1
+	}
+	return d
+}
+
+// readClientCPU returns the CPU time this process has used, or -1 when it
+// cannot be read.
+func readClientCPU() time.Duration {
+	d, err := clientCPU()
+	if err != nil {
+		return -1
+	}
+	return d
 }

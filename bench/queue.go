@@ -321,7 +321,6 @@ func (q *queue) failed() error {
 // number of unary RPCs of the clients changed. It tells nothing apart by
 // implementation.
 func (q *queue) settle(ctx context.Context, want int64) error {
-	const quiet = 150 * time.Millisecond
 	err := poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		if err := q.failed(); err != nil {
 			return false, err
@@ -335,25 +334,7 @@ func (q *queue) settle(ctx context.Context, want int64) error {
 	if err != nil {
 		return err
 	}
-	var (
-		lastWatchers, lastRPCs int64 = -1, -1
-		since                  time.Time
-	)
-	return poll(ctx, 30*time.Millisecond, func() (bool, error) {
-		if err := q.failed(); err != nil {
-			return false, err
-		}
-		watchers, slow, err := q.env.serverWatchers(ctx)
-		if err != nil {
-			return false, err
-		}
-		rpcs := q.cs.rpcs.all.Unary()
-		if slow > 0 || watchers != lastWatchers || rpcs != lastRPCs {
-			lastWatchers, lastRPCs, since = watchers, rpcs, time.Now()
-			return false, nil
-		}
-		return time.Since(since) >= quiet, nil
-	})
+	return q.env.settleWatchers(ctx, &q.cs.rpcs, q.failed)
 }
 
 // wait waits until every waiter has held and released the lock.
@@ -415,4 +396,30 @@ func queueCost(n1, n2 int64, m0, m1, m2 memSnapshot) *QueueCost {
 		c.Growth = late / early
 	}
 	return c
+}
+
+// settleWatchers returns once no member has a watcher still catching up
+// and, for a while, neither the number of watchers nor the number of unary
+// RPCs of rpcs changed; or with failed's error, when it returns one.
+func (e *Env) settleWatchers(ctx context.Context, rpcs *rpcCount, failed func() error) error {
+	const quiet = 150 * time.Millisecond
+	var (
+		lastWatchers, lastRPCs int64 = -1, -1
+		since                  time.Time
+	)
+	return poll(ctx, 30*time.Millisecond, func() (bool, error) {
+		if err := failed(); err != nil {
+			return false, err
+		}
+		watchers, slow, err := e.serverWatchers(ctx)
+		if err != nil {
+			return false, err
+		}
+		rpcs := rpcs.all.Unary()
+		if slow > 0 || watchers != lastWatchers || rpcs != lastRPCs {
+			lastWatchers, lastRPCs, since = watchers, rpcs, time.Now()
+			return false, nil
+		}
+		return time.Since(since) >= quiet, nil
+	})
 }

@@ -185,9 +185,9 @@ func pair(lockOp string, lock func(context.Context) error, unlockOp string, unlo
 	}
 }
 
-// Lookup returns the scenario called name.
+// Lookup returns the scenario called name, in Scenarios or ScaleScenarios.
 func Lookup(name string) (Scenario, bool) {
-	for _, sc := range Scenarios {
+	for _, sc := range slices.Concat(Scenarios, ScaleScenarios) {
 		if sc.Name == name {
 			return sc, true
 		}

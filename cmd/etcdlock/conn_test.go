@@ -365,7 +365,7 @@ func TestProgressTerminal(t *testing.T) {
 	w.next(t)
 
 	out := newSyncBuffer()
-	p := startProgress(cli, name, wt.m.Key(), out, true, time.Now())
+	p := startProgress(cli, name, fmt.Sprintf("lock %q", name), wt.m.Key(), out, true, time.Now())
 	want := "\r\x1b[Ketcdlock: waiting for lock \"" + name + "\": queue position 1 of 1, waited "
 	deadline := time.After(procTimeout)
 	for { // until the line was rewritten in place

@@ -5,6 +5,8 @@
 //	etcdlock demo                              three clients take turns on one lock, on an embedded etcd
 //	etcdlock run [flags] NAME -- CMD [ARGS...] hold the lock NAME while CMD runs
 //	etcdlock run [flags] NAME                  hold the lock NAME until a signal, printing its key
+//	etcdlock elect [flags] NAME [VALUE] -- CMD  lead the election NAME while CMD runs
+//	etcdlock elect --listen [--json] NAME      print the leader of NAME and every change
 //	etcdlock status [flags] NAME               show the holders and the waiters of NAME
 //	etcdlock version                           show the versions of etcdlock, Go and the etcd client
 //
@@ -27,6 +29,15 @@
 // joins the queue again at the back. Without CMD, run prints the key and
 // holds the lock until one of those signals, as 'etcdctl lock NAME' does.
 //
+// elect campaigns in the election NAME, whose keys have the layout of
+// etcd's concurrency.Election and 'etcdctl elect' (the key NAME/<lease ID
+// in hex>, its value the candidate's proposal, VALUE, by default HOST:PID),
+// and runs CMD while it leads, as run does with a lock: the same signals,
+// --grace and exit codes, with ETCDLOCK_NAME, ETCDLOCK_KEY, ETCDLOCK_TOKEN,
+// ETCDLOCK_LEASE and ETCDLOCK_VALUE in CMD's environment. elect --listen
+// prints the leader, then every change (a new leader, a new value, no
+// leader), a line each, and exits 0 on SIGINT, SIGTERM or SIGHUP.
+//
 // Unless its standard input is the terminal etcdlock runs in the foreground
 // of, CMD runs in a process group of its own: forwarded signals and the
 // signals of a lost lock reach CMD's children too. With the terminal as
@@ -43,17 +54,17 @@
 //
 // Exit codes:
 //
-//	0        success; for run: CMD's own exit code
+//	0        success; for run and elect: CMD's own exit code
 //	1        an error from etcd or the system not covered below
 //	2        usage: unknown flag, missing NAME, bad value
 //	3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
 //	4        run --try: the lock is held or has waiters
 //	5        run --timeout: gave up waiting
 //	6        run: the lock was lost while CMD ran (CMD was stopped), or while
-//	         held without CMD
-//	126      run: CMD cannot be executed
-//	127      run: CMD not found
-//	128+N    run: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),
+//	         held without CMD; elect: the same for leadership
+//	126      run, elect: CMD cannot be executed
+//	127      run, elect: CMD not found
+//	128+N    run, elect: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),
 //	         or CMD was killed by signal N
 //
 // Once CMD runs, etcdlock exits with CMD's code, which may be any of these;
@@ -88,17 +99,17 @@ const (
 )
 
 const exitCodesHelp = `Exit codes:
-  0        success; for run: CMD's own exit code
+  0        success; for run and elect: CMD's own exit code
   1        an error from etcd or the system not covered below
   2        usage: unknown flag, missing NAME, bad value
   3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
   4        run --try: the lock is held or has waiters
   5        run --timeout: gave up waiting
   6        run: the lock was lost while CMD ran (CMD was stopped), or while
-           held without CMD
-  126      run: CMD cannot be executed
-  127      run: CMD not found
-  128+N    run: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),
+           held without CMD; elect: the same for leadership
+  126      run, elect: CMD cannot be executed
+  127      run, elect: CMD not found
+  128+N    run, elect: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),
            or CMD was killed by signal N
 `
 
@@ -110,6 +121,10 @@ Usage:
   etcdlock run [flags] NAME -- CMD [ARGS...]  hold the lock NAME while CMD runs
   etcdlock run [flags] NAME                   hold it until SIGINT or SIGTERM,
                                               printing its key ('etcdctl lock')
+  etcdlock elect [flags] NAME [VALUE] -- CMD  lead the election NAME while CMD
+                                              runs, campaigning with VALUE
+  etcdlock elect --listen [--json] NAME       print the leader of NAME and
+                                              every change
   etcdlock status [flags] NAME                show the holders and waiters of NAME
   etcdlock version                            show the versions of etcdlock, Go
                                               and the etcd client
@@ -198,6 +213,8 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		return cmdDemo(rest, stdout, stderr)
 	case "run":
 		return cmdRun(rest, stdout, stderr)
+	case "elect":
+		return cmdElect(rest, stdout, stderr)
 	case "status":
 		return cmdStatus(rest, stdout, stderr)
 	case "version":

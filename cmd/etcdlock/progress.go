@@ -21,6 +21,7 @@ const progressInterval = 500 * time.Millisecond
 type progress struct {
 	cli   *clientv3.Client
 	name  string // lock name
+	what  string // what is waited for, for people: lock "NAME"
 	key   string // the waiter's key
 	w     io.Writer
 	tty   bool
@@ -31,11 +32,12 @@ type progress struct {
 	shown  bool          // written by the loop; read after done
 }
 
-// startProgress starts showing the progress of the waiter key of lock name.
-// Call stop when the wait is over.
-func startProgress(cli *clientv3.Client, name, key string, w io.Writer, tty bool, start time.Time) *progress {
+// startProgress starts showing the progress of the waiter key of lock (or
+// election) name, which what names for people. Call stop when the wait is
+// over.
+func startProgress(cli *clientv3.Client, name, what, key string, w io.Writer, tty bool, start time.Time) *progress {
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &progress{cli: cli, name: name, key: key, w: w, tty: tty, start: start, cancel: cancel, done: make(chan struct{})}
+	p := &progress{cli: cli, name: name, what: what, key: key, w: w, tty: tty, start: start, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		p.loop(ctx)
@@ -79,7 +81,7 @@ func (p *progress) loop(ctx context.Context) {
 		default:
 			place = fmt.Sprintf("queue position %d of %d", pos, len(q.Entries)-1)
 		}
-		line := fmt.Sprintf("etcdlock: waiting for lock %q: %s, waited %s", p.name, place, fmtDur(time.Since(p.start)))
+		line := fmt.Sprintf("etcdlock: waiting for %s: %s, waited %s", p.what, place, fmtDur(time.Since(p.start)))
 		switch {
 		case p.tty:
 			fmt.Fprint(p.w, "\r\x1b[K"+line)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -109,8 +110,18 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if err := setupConn(fset, &conn, "run"); err != nil {
 		return err
 	}
-	name := pos[0]
+	r := &lockRun{conn: &conn, name: pos[0], ttl: ttl, stderr: stderr}
+	return r.main(cmdArgs, *try, timeout, *quiet, grace, stdout)
+}
 
+// main is what run and elect do once their flags are checked: look CMD
+// up, connect, queue (with try, try once; with a timeout, give up after
+// it), and run CMD (nil: hold until a signal) while holding.
+func (r *lockRun) main(cmdArgs []string, try bool, timeout time.Duration, quiet bool, grace time.Duration, stdout io.Writer) error {
+	command := "run"
+	if r.elect != nil {
+		command = "elect"
+	}
 	// Look CMD up before queueing: a typo must not wait its turn.
 	var cmd *exec.Cmd // nil: hold the lock until a signal
 	if len(cmdArgs) > 0 {
@@ -120,7 +131,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		cmd = exec.Command(cmdArgs[0], cmdArgs[1:]...)
 	}
 	// Before signals are caught: Ctrl-C at the prompt must end etcdlock.
-	if err := conn.askPassword("run", os.Stdin, stderr); err != nil {
+	if err := r.conn.askPassword(command, os.Stdin, r.stderr); err != nil {
 		return err
 	}
 
@@ -129,19 +140,20 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	sigc := make(chan os.Signal, 8)
 	signal.Notify(sigc, forwardSignals...)
 	defer signal.Stop(sigc)
+	r.sigc = sigc
 
-	cli, err := conn.connect(context.Background(), name+"/")
+	cli, err := r.conn.connect(context.Background(), r.name+"/")
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	r := &lockRun{cli: cli, conn: &conn, name: name, ttl: ttl, sigc: sigc, stderr: stderr}
+	r.cli = cli
 	if err := r.startSession(context.Background()); err != nil {
 		return err
 	}
 	// Revokes the lease: whatever is left of this run in etcd goes now.
 	defer r.endSession(context.Background())
-	if err := r.acquire(*try, timeout, *quiet); err != nil {
+	if err := r.acquire(try, timeout, quiet); err != nil {
 		return err
 	}
 	if cmd == nil {
@@ -168,9 +180,10 @@ func cmdErr(name string, err error) error {
 // whatever runs the next attempt.
 const lostCleanupTimeout = time.Second
 
-// A lockRun is one 'etcdlock run' once connected: the session and Mutex it
-// waits for and holds the lock through, and what it needs to report. Its
-// methods are called from one goroutine.
+// A lockRun is one 'etcdlock run' or 'etcdlock elect' once connected: the
+// session and Mutex (or Election) it waits for and holds the lock (or
+// leadership) through, and what it needs to report. Its methods are called
+// from one goroutine.
 type lockRun struct {
 	cli    *clientv3.Client
 	conn   *connFlags
@@ -178,13 +191,56 @@ type lockRun struct {
 	ttl    time.Duration
 	sigc   <-chan os.Signal // SIGINT, SIGTERM, SIGHUP to etcdlock
 	stderr io.Writer
+	// elect makes the run a candidate of the election name proposing
+	// value, rather than a locker of the lock name.
+	elect *candidacy
 
 	s      *etcdlock.Session  // nil between two sessions
 	stopS  context.CancelFunc // ends s's context, after s ended
-	m      *etcdlock.Mutex    // of s
+	m      holdable           // of s
 	lost   bool               // the lock is known lost: cleanup is best effort, and short
 	shown  bool               // progress was shown while waiting
 	joined time.Time          // when the run first joined the queue
+}
+
+// holdable is what a lockRun waits for and holds: a Mutex, or a candidacy
+// in an election.
+type holdable interface {
+	Lock(ctx context.Context) error
+	TryLock(ctx context.Context) error
+	Unlock(ctx context.Context) error
+	Done() <-chan struct{}
+	Err() error
+	Token() int64
+	Key() string
+	Header() *pb.ResponseHeader
+	IsOwner() clientv3.Cmp
+}
+
+// newHold returns what the run waits for and holds through session s.
+func (r *lockRun) newHold(s *etcdlock.Session) holdable {
+	if r.elect != nil {
+		return &candidate{Election: etcdlock.NewElection(s, r.name), value: r.elect.value}
+	}
+	return etcdlock.NewMutex(s, r.name)
+}
+
+// what names what the run queues for, for messages: lock "NAME" or
+// election "NAME".
+func (r *lockRun) what() string {
+	if r.elect != nil {
+		return fmt.Sprintf("election %q", r.name)
+	}
+	return fmt.Sprintf("lock %q", r.name)
+}
+
+// held names what the run holds once it got it: lock "NAME" or leadership
+// of election "NAME".
+func (r *lockRun) held() string {
+	if r.elect != nil {
+		return "leadership of " + r.what()
+	}
+	return r.what()
 }
 
 // startSession starts the session whose lease the lock's key is bound to.
@@ -212,7 +268,7 @@ func (r *lockRun) startSession(ctx context.Context) error {
 		stopS()
 		return fmt.Errorf("start a session: %w", err)
 	}
-	r.s, r.stopS, r.m = s, stopS, etcdlock.NewMutex(s, r.name)
+	r.s, r.stopS, r.m = s, stopS, r.newHold(s)
 	return nil
 }
 
@@ -277,10 +333,10 @@ func (r *lockRun) acquire(try bool, timeout time.Duration, quiet bool) error {
 			// The lock was granted before Lock saw the cancel.
 			r.release()
 		}
-		return failf(exitSignalBase+signalNumber(se.sig), "interrupted by %s while waiting for lock %q; left the queue", sigName(se.sig), r.name)
+		return failf(exitSignalBase+signalNumber(se.sig), "interrupted by %s while waiting for %s; left the queue", sigName(se.sig), r.held())
 	case err == nil:
 		if r.shown {
-			fmt.Fprintf(r.stderr, "etcdlock: acquired lock %q after %s (token %d)\n", r.name, fmtDur(time.Since(r.joined)), r.m.Token())
+			fmt.Fprintf(r.stderr, "etcdlock: acquired %s after %s (token %d)\n", r.held(), fmtDur(time.Since(r.joined)), r.m.Token())
 		}
 		return nil
 	case errors.Is(err, etcdlock.ErrLocked):
@@ -290,7 +346,7 @@ func (r *lockRun) acquire(try bool, timeout time.Duration, quiet bool) error {
 	case r.m == nil:
 		return err // no session: startSession said why
 	default:
-		return r.conn.explain(fmt.Errorf("lock %q: %w", r.name, err), "write key", r.m.Key())
+		return r.conn.explain(fmt.Errorf("%s: %w", r.what(), err), "write key", r.m.Key())
 	}
 }
 
@@ -308,14 +364,14 @@ func (r *lockRun) wait(ctx context.Context, try bool, quiet bool) error {
 			// pause of etcd, renewals fail while etcd keeps the lease.
 			// The lease is revoked, with the key it holds in the queue,
 			// and a new session joins at the back.
-			fmt.Fprintf(r.stderr, "etcdlock: left the queue of lock %q: %s; rejoining at the back with a new session\n", r.name, detail(err))
+			fmt.Fprintf(r.stderr, "etcdlock: left the queue of %s: %s; rejoining at the back with a new session\n", r.what(), detail(err))
 			r.endSession(ctx)
 			if err := r.restartSession(ctx); err != nil {
 				return err
 			}
 		case errors.Is(err, etcdlock.ErrLockLost):
 			// Someone deleted the waiter's key; the session lives on.
-			fmt.Fprintf(r.stderr, "etcdlock: left the queue of lock %q: %s; rejoining at the back\n", r.name, detail(err))
+			fmt.Fprintf(r.stderr, "etcdlock: left the queue of %s: %s; rejoining at the back\n", r.what(), detail(err))
 		default:
 			return err
 		}
@@ -330,7 +386,7 @@ func (r *lockRun) lockOnce(ctx context.Context, try, quiet bool) error {
 	var prog *progress
 	if !quiet {
 		f, ok := r.stderr.(*os.File)
-		prog = startProgress(r.cli, r.name, r.m.Key(), r.stderr, ok && isTerminal(f), r.joined)
+		prog = startProgress(r.cli, r.name, r.what(), r.m.Key(), r.stderr, ok && isTerminal(f), r.joined)
 	}
 	err := r.m.Lock(ctx)
 	if prog != nil && prog.stop() {
@@ -399,23 +455,28 @@ func (r *lockRun) release() error {
 // returns cmd's exit code as an exitError, or exitLost.
 func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer) error {
 	acquired := time.Now()
-	m, name, stderr := r.m, r.name, r.stderr
+	m, held, stderr := r.m, r.held(), r.stderr
 	lost := m.Done() // starts watching the hold now, before CMD runs
 	cmdName := filepath.Base(cmd.Args[0])
 	token := strconv.FormatInt(m.Token(), 10)
-	// etcdctl's ETCD_LOCK_REV is the revision of the response that showed
-	// the lock was ours (concurrency.Mutex.Header), not the key's create
-	// revision: scripts that mix both tools compare them.
-	grantRev := strconv.FormatInt(m.Header().Revision, 10)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	cmd.Env = append(os.Environ(),
-		"ETCDLOCK_NAME="+name,
+		"ETCDLOCK_NAME="+r.name,
 		"ETCDLOCK_KEY="+m.Key(),
 		"ETCDLOCK_TOKEN="+token,
 		"ETCDLOCK_LEASE="+fmt.Sprintf("%x", int64(r.s.Lease())),
-		"ETCD_LOCK_KEY="+m.Key(),
-		"ETCD_LOCK_REV="+grantRev,
 	)
+	if r.elect != nil {
+		cmd.Env = append(cmd.Env, "ETCDLOCK_VALUE="+r.elect.value)
+	} else {
+		// etcdctl's ETCD_LOCK_REV is the revision of the response that
+		// showed the lock was ours (concurrency.Mutex.Header), not the
+		// key's create revision: scripts that mix both tools compare them.
+		cmd.Env = append(cmd.Env,
+			"ETCD_LOCK_KEY="+m.Key(),
+			"ETCD_LOCK_REV="+strconv.FormatInt(m.Header().Revision, 10),
+		)
+	}
 	group := !interactive()
 	if group {
 		ownGroup(cmd)
@@ -431,7 +492,7 @@ func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer
 	recorded := make(chan struct{})
 	go func() {
 		defer close(recorded)
-		recordHolder(rctx, r.cli, m, acquired, cmdName)
+		r.recordHolder(rctx, acquired, cmdName)
 	}()
 	waitc := make(chan error, 1)
 	go func() { waitc <- cmd.Wait() }()
@@ -450,7 +511,7 @@ loop:
 			if lostErr = m.Err(); lostErr == nil {
 				lostErr = etcdlock.ErrLockLost
 			}
-			fmt.Fprintf(stderr, "etcdlock: lost lock %q while %s ran (%s); sending it SIGTERM\n", name, cmdName, detail(lostErr))
+			fmt.Fprintf(stderr, "etcdlock: lost %s while %s ran (%s); sending it SIGTERM\n", held, cmdName, detail(lostErr))
 			signalCmd(cmd, sigTERM, group)
 			t := time.NewTimer(grace)
 			defer t.Stop()
@@ -476,14 +537,14 @@ loop:
 	if lostErr != nil {
 		// No Unlock: the key is gone, or goes with the lease, which
 		// endSession revokes if etcd answers within a second.
-		return failf(exitLost, "lock %q was lost while %s ran; %s exited with status %d", name, cmdName, cmdName, code)
+		return failf(exitLost, "%s was lost while %s ran; %s exited with status %d", held, cmdName, cmdName, code)
 	}
 	uerr := r.release()
 	switch {
 	case errors.Is(uerr, etcdlock.ErrLockLost):
-		return failf(exitLost, "lock %q was found lost when %s exited (%s): it may have run without the lock", name, cmdName, detail(uerr))
+		return failf(exitLost, "%s was found lost when %s exited (%s): it may have run without it", held, cmdName, detail(uerr))
 	case uerr != nil:
-		fmt.Fprintf(stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", name, detail(uerr))
+		fmt.Fprintf(stderr, "etcdlock: release %s: %s; revoking the session's lease instead\n", held, detail(uerr))
 	case waitErr != nil && ee == nil:
 		return fmt.Errorf("wait for %s: %w", cmdName, waitErr)
 	}
@@ -502,7 +563,7 @@ func (r *lockRun) hold(stdout io.Writer) error {
 	recorded := make(chan struct{})
 	go func() {
 		defer close(recorded)
-		recordHolder(rctx, r.cli, r.m, acquired, "")
+		r.recordHolder(rctx, acquired, "")
 	}()
 
 	select {
@@ -514,26 +575,31 @@ func (r *lockRun) hold(stdout io.Writer) error {
 		if err == nil {
 			err = etcdlock.ErrLockLost
 		}
-		return failf(exitLost, "lost lock %q while holding it (%s)", r.name, detail(err))
+		return failf(exitLost, "lost %s while holding it (%s)", r.held(), detail(err))
 	case <-r.sigc:
 		stopRecord()
 		<-recorded
 	}
 	switch err := r.release(); {
 	case errors.Is(err, etcdlock.ErrLockLost):
-		return failf(exitLost, "lock %q was found lost when released (%s)", r.name, detail(err))
+		return failf(exitLost, "%s was found lost when released (%s)", r.held(), detail(err))
 	case err != nil:
-		fmt.Fprintf(r.stderr, "etcdlock: release lock %q: %s; revoking the session's lease instead\n", r.name, detail(err))
+		fmt.Fprintf(r.stderr, "etcdlock: release %s: %s; revoking the session's lease instead\n", r.held(), detail(err))
 	}
 	return nil
 }
 
-// recordHolder writes who holds m, and since when, into its key for
+// recordHolder writes who holds the lock, and since when, into its key for
 // status. The write is guarded by IsOwner, so it never touches a key of a
 // later hold, and keeps the key's lease; the key's create revision, its
 // place and token, stays as it is. Waiters watch for deletes only. It is
-// best effort, within ctx: status says "unknown" without it.
-func recordHolder(ctx context.Context, cli *clientv3.Client, m *etcdlock.Mutex, since time.Time, cmdName string) {
+// best effort, within ctx: status says "unknown" without it. A leader
+// records nothing: its key's value is its proposal, which observers read.
+func (r *lockRun) recordHolder(ctx context.Context, since time.Time, cmdName string) {
+	if r.elect != nil {
+		return
+	}
+	cli, m := r.cli, r.m
 	host, _ := os.Hostname()
 	rec, err := json.Marshal(holderRecord{Since: since.UTC(), Host: host, PID: os.Getpid(), Command: cmdName})
 	if err != nil {

@@ -34,7 +34,7 @@ func TestHelp(t *testing.T) {
 	}
 	r := runProc(t, nil, "--help")
 	require.Contains(t, r.stdout, "Exit codes:")
-	require.Contains(t, r.stdout, "127      run: CMD not found")
+	require.Contains(t, r.stdout, "127      run, elect: CMD not found")
 	// A command without flags has no flags heading.
 	r = runProc(t, nil, "help", "demo")
 	require.NotContains(t, r.stdout, "Flags")
@@ -187,12 +187,7 @@ func TestEnvironment(t *testing.T) {
 	cat >/dev/null`
 	p := startProc(t, []string{"OTHER=kept", "ETCDLOCK_KEY=stale"}, "run", ep(), name, "--", "sh", "-c", script)
 	p.stdout.waitFor(t, "ready")
-	env := make(map[string]string)
-	for line := range strings.Lines(p.stdout.String()) {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
-			env[k] = v
-		}
-	}
+	env := envLines(p.stdout.String())
 
 	// Compare with the key in etcd while CMD runs and holds the lock.
 	require.Equal(t, name, env["ETCDLOCK_NAME"])

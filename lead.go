@@ -1,0 +1,201 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A LeadOption configures Lead. An invalid value makes Lead return an
+// error wrapping ErrInvalidOption.
+type LeadOption func(*leadOptions) error
+
+// leadOptions holds Lead's settings; the zero value is the default.
+type leadOptions struct {
+	session  []SessionOption
+	observer func(Leader)
+}
+
+// WithSessionOptions sets the options of the sessions Lead makes, one per
+// candidacy: WithTTL sets how long a dead leader keeps the leadership.
+// WithLease is an error (each candidacy needs a lease of its own), and
+// WithContext is overridden (Lead binds each session to its ctx). Default:
+// none, so the TTL is DefaultTTL.
+func WithSessionOptions(opts ...SessionOption) LeadOption {
+	return func(o *leadOptions) error {
+		so := defaultSessionOptions()
+		for _, opt := range opts {
+			if err := opt(&so); err != nil {
+				return err
+			}
+		}
+		if so.lease != 0 {
+			return errorf("%w: WithLease: each candidacy of Lead needs a lease of its own", ErrInvalidOption)
+		}
+		o.session = append(o.session, opts...)
+		return nil
+	}
+}
+
+// WithObserver makes Lead call f with each state of the election, as
+// ObserveLeader yields them (a new leader, a new value, no leader), from
+// one goroutine, in order, while Lead runs: what client-go's
+// OnNewLeader gives. f must not block for long: later states wait for it.
+// Default: no observer.
+func WithObserver(f func(Leader)) LeadOption {
+	return func(o *leadOptions) error {
+		if f == nil {
+			return errorf("%w: nil observer", ErrInvalidOption)
+		}
+		o.observer = f
+		return nil
+	}
+}
+
+// Lead keeps this process a candidate in the election called name, with
+// value as its proposal, and runs fn whenever it is the leader: the loop
+// of a primary/standby service.
+//
+//   - fn's ctx is cancelled the moment the leadership is lost (lease
+//     expired or revoked, key deleted, etcd out of reach past the session's
+//     margin), before anyone else can be elected, with a context.Cause
+//     matching ErrLockLost. fn must return promptly then: the next leader
+//     is elected when the lease runs out, whether fn has returned or not.
+//   - fn never runs twice at once: Lead waits for fn to return before it
+//     campaigns again.
+//   - After a loss, or a failed Campaign, Lead campaigns again with a fresh
+//     Session, after a backoff (50ms, doubling up to 5s; reset by a term
+//     that lasted that long), until ctx ends.
+//   - If fn returns while still the leader, Lead resigns and returns fn's
+//     error (nil included).
+//   - When ctx ends, Lead waits for fn to return, resigns (it revokes the
+//     session's lease: the next candidate wins at once) and returns ctx's
+//     error. If etcd is out of reach, the revoke gives up after the TTL and
+//     the lease expires on its own.
+//
+// There is no "stopped leading" callback: fn's return is the end of a
+// term, so nothing runs for a term that never began (client-go's
+// OnStoppedLeading is called even then: client-go issue 1187).
+//
+// Lead returns at once, with the error, for an invalid name, value or
+// option, and when etcd denies the election's keys (permission) or cli is
+// closed; every other error passes with a new candidacy. With
+// WithObserver, it also returns the error that ends the observation.
+func Lead(ctx context.Context, cli *clientv3.Client, name, value string, fn func(ctx context.Context) error, opts ...LeadOption) error {
+	var o leadOptions
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return err
+		}
+	}
+	switch {
+	case cli == nil:
+		return errorf("%w: nil client", ErrInvalidOption)
+	case fn == nil:
+		return errorf("%w: nil fn", ErrInvalidOption)
+	}
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := checkValue(value); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if o.observer != nil {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for l, err := range ObserveLeader(ctx, cli, name) {
+				if err != nil {
+					cancel(err) // ends Lead, unless ctx ended first
+					return
+				}
+				o.observer(l)
+			}
+		}()
+		defer func() {
+			cancel(nil)
+			<-done
+		}()
+	}
+	const maxLeadBackoff = 5 * time.Second
+	backoff := minBackoff
+	for {
+		started := time.Now()
+		again, err := term(ctx, cli, name, value, fn, o.session)
+		if !again {
+			return err
+		}
+		if time.Since(started) > maxLeadBackoff {
+			backoff = minBackoff
+		}
+		if !pauseUpTo(ctx, &backoff, maxLeadBackoff) {
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// term is one candidacy of Lead, with a session of its own: it campaigns,
+// runs fn while leader, and closes the session, which resigns. It reports
+// whether Lead is to campaign again, and otherwise what Lead returns.
+func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func(ctx context.Context) error, sopts []SessionOption) (again bool, _ error) {
+	// The session ends with ctx (its lease is left, not revoked: fn may
+	// still run); Close below revokes it once fn has returned.
+	s, err := NewSession(cli, append(sopts[:len(sopts):len(sopts)], WithContext(ctx))...)
+	if err != nil {
+		return leadAgain(ctx, cli, err)
+	}
+	defer s.Close()
+	e := NewElection(s, name)
+	if err := e.Campaign(ctx, value); err != nil {
+		return leadAgain(ctx, cli, err)
+	}
+
+	fctx, cancel := context.WithCancelCause(ctx)
+	finished := make(chan struct{})
+	watcherDone := make(chan struct{})
+	go func() {
+		defer close(watcherDone)
+		select {
+		case <-e.Done():
+			err := e.Err() // matches ErrLockLost
+			if err == nil {
+				err = errorf("%w: leadership of %s ended", ErrLockLost, name)
+			}
+			cancel(err)
+		case <-finished:
+		}
+	}()
+	fnErr := fn(fctx)
+	close(finished)
+	<-watcherDone
+	lost := context.Cause(fctx)
+	cancel(nil)
+	switch {
+	case ctx.Err() != nil:
+		return false, context.Cause(ctx)
+	case lost != nil:
+		return true, lost
+	}
+	return false, fnErr // Close resigns
+}
+
+// leadAgain reports whether Lead campaigns again after err, and
+// otherwise returns what Lead returns.
+func leadAgain(ctx context.Context, cli *clientv3.Client, err error) (bool, error) {
+	switch {
+	case ctx.Err() != nil:
+		return false, context.Cause(ctx)
+	case cli.Ctx().Err() != nil:
+		return false, errorf("%w: %w", errClientClosed, err)
+	case errors.Is(err, ErrInvalidOption), errors.Is(err, rpctypes.ErrPermissionDenied),
+		errors.Is(err, rpctypes.ErrAuthFailed), errors.Is(err, rpctypes.ErrInvalidAuthToken),
+		errors.Is(err, rpctypes.ErrUserEmpty):
+		return false, err
+	}
+	return true, err
+}
