@@ -41,7 +41,8 @@ type hold struct {
 // holdLimit is the lease of its own that WithMaxHold gives a hold's key.
 type holdLimit struct {
 	lease    clientv3.LeaseID
-	deadline time.Time // the hold surely ends by then; Done closes before
+	deadline time.Time   // the hold surely ends by then; Done closes before
+	timer    *time.Timer // ends the hold then, once Done watches it; guarded by lossWatcher.mu
 }
 
 // maxLease returns the WithMaxHold lease of h's key, or 0.

@@ -42,15 +42,16 @@ type lossWatcher struct {
 	done chan struct{}  // closed when run has returned (or at once, if it never ran)
 	busy sync.WaitGroup // the goroutines that look into a key (see look), and watchAlone's
 
-	mu       sync.Mutex             // guards the fields below, and the state, id, from and look of every keyWatch
-	started  bool                   // run was started
-	ended    bool                   // the session ended: every watch is over, none is made
-	watches  map[*keyWatch]struct{} // the watches not finished
-	queue    []*keyWatch            // to create on the open stream, or the next one; finished ones are skipped
-	creating []*keyWatch            // create requests sent on the open stream and not answered, in order
-	ids      map[int64]*keyWatch    // the watches created on the open stream, by watch ID
-	cancels  []int64                // watch IDs to cancel on the open stream
-	sending  bool                   // a stream is open and its sender may send
+	mu       sync.Mutex                       // guards the fields below, and the state, id, from and look of every keyWatch
+	started  bool                             // run was started
+	ended    bool                             // the session ended: every watch is over, none is made
+	watches  map[*keyWatch]struct{}           // the watches not finished
+	queue    []*keyWatch                      // to create on the open stream, or the next one; finished ones are skipped
+	creating []*keyWatch                      // create requests sent on the open stream and not answered, in order
+	ids      map[int64]*keyWatch              // the watches created on the open stream, by watch ID
+	cancels  []int64                          // watch IDs to cancel on the open stream
+	sending  bool                             // a stream is open and its sender may send
+	alone    map[*keyWatch]context.CancelFunc // without a stream: ends the watch watchAlone made
 }
 
 // A keyWatch watches one key of the session for its deletion: a hold's key
@@ -64,10 +65,7 @@ type keyWatch struct {
 	from  int64         // the first revision at which a deletion is the key's end; 0: read the key first
 	id    int64         // the watch's ID on the open stream, in state watchActive
 	state watchState
-	look  *watchLook  // the last goroutine that looked into the key
-	timer *time.Timer // ends the hold at its WithMaxHold limit
-	// cancel ends watchAlone's watch.
-	cancel context.CancelFunc
+	look  *watchLook // the last goroutine that looked into the key
 }
 
 type watchState uint8
@@ -114,11 +112,6 @@ func (w *lossWatcher) watchHold(q *queue, h *hold) *keyWatch {
 	if !w.add(kw) {
 		return nil
 	}
-	if !h.maxDeadline().IsZero() {
-		// The max hold ends the hold whatever the watch is doing, even
-		// waiting on a link that is cut.
-		kw.timer = time.AfterFunc(time.Until(h.maxDeadline().Add(-q.s.expiryMargin())), func() { w.expire(kw) })
-	}
 	return kw
 }
 
@@ -146,6 +139,11 @@ func (w *lossWatcher) add(kw *keyWatch) bool {
 		w.ids = make(map[int64]*keyWatch)
 	}
 	w.watches[kw] = struct{}{}
+	if kw.h != nil && kw.h.limit != nil {
+		// The max hold ends the hold whatever the watch is doing, even
+		// waiting on a link that is cut.
+		kw.h.limit.timer = time.AfterFunc(time.Until(kw.h.maxDeadline().Add(-kw.q.s.expiryMargin())), func() { w.expire(kw) })
+	}
 	if !w.started {
 		w.started = true
 		go w.run()
@@ -188,9 +186,6 @@ func (w *lossWatcher) stop(ctx context.Context, kw *keyWatch) {
 	w.drop(kw)
 	l := kw.look
 	w.mu.Unlock()
-	if kw.timer != nil {
-		kw.timer.Stop()
-	}
 	if l == nil {
 		return
 	}
@@ -215,8 +210,12 @@ func (w *lossWatcher) drop(kw *keyWatch) bool {
 		w.cancels = append(w.cancels, kw.id)
 		w.signal()
 	}
-	if kw.cancel != nil {
-		kw.cancel()
+	if cancel := w.alone[kw]; cancel != nil {
+		cancel()
+		delete(w.alone, kw)
+	}
+	if kw.h != nil && kw.h.limit != nil && kw.h.limit.timer != nil {
+		kw.h.limit.timer.Stop()
 	}
 	kw.state = watchFinished
 	delete(w.watches, kw)
@@ -390,9 +389,6 @@ func (w *lossWatcher) run() {
 	w.ended = true
 	var ended []*keyWatch
 	for kw := range w.watches {
-		if kw.timer != nil {
-			kw.timer.Stop()
-		}
 		if w.drop(kw) && kw.h == nil {
 			close(kw.gone)
 		}
@@ -591,7 +587,10 @@ func (w *lossWatcher) next() *pb.WatchRequest {
 // for each watch, as before the shared stream. Called with w.mu held.
 func (w *lossWatcher) watchAlone(kw *keyWatch) {
 	ctx, cancel := context.WithCancel(w.s.watchCtx)
-	kw.cancel = cancel
+	if w.alone == nil {
+		w.alone = make(map[*keyWatch]context.CancelFunc)
+	}
+	w.alone[kw] = cancel
 	from := kw.from
 	w.busy.Add(1)
 	go func() {
@@ -601,12 +600,12 @@ func (w *lossWatcher) watchAlone(kw *keyWatch) {
 		for wr := range ch {
 			w.mu.Lock()
 			switch {
-			case kw.state != watchQueued || kw.cancel == nil:
+			case kw.state != watchQueued || w.alone[kw] == nil:
 			case wr.CompactRevision != 0:
-				kw.cancel = nil
+				delete(w.alone, kw)
 				w.look(kw, true)
 			case deleted(kw, events(wr.Events)):
-				kw.cancel = nil
+				delete(w.alone, kw)
 				w.gone(kw)
 			default:
 				w.mu.Unlock()
