@@ -39,11 +39,11 @@ type lossWatcher struct {
 	s    *Session
 	wc   pb.WatchClient // nil: each watch is made through the client's Watcher (see watchAlone)
 	wake chan struct{}  // tells run, or the open stream's sender, there is a request to send; capacity 1
-	done chan struct{}  // closed when run has returned (or at once, if it never ran)
 	busy sync.WaitGroup // the goroutines that look into a key (see look), and watchAlone's
 
 	mu       sync.Mutex                       // guards the fields below, and the state, id, from and look of every keyWatch
-	started  bool                             // run was started
+	started  bool                             // run is running
+	done     chan struct{}                    // closed when the last run started has returned
 	ended    bool                             // the session ended: every watch is over, none is made
 	watches  map[*keyWatch]struct{}           // the watches not finished
 	queue    []*keyWatch                      // to create on the open stream, or the next one; finished ones are skipped
@@ -91,7 +91,7 @@ type watchLook struct {
 
 // newLossWatcher returns the watcher of s's keys; it starts nothing.
 func newLossWatcher(s *Session) *lossWatcher {
-	w := &lossWatcher{s: s, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &lossWatcher{s: s, wake: make(chan struct{}, 1)}
 	// A client without a gRPC connection of its own (clientv3.NewCtxClient)
 	// has no stream to share: its watches go through its Watcher.
 	if conn := s.cli.ActiveConnection(); conn != nil {
@@ -146,7 +146,8 @@ func (w *lossWatcher) add(kw *keyWatch) bool {
 	}
 	if !w.started {
 		w.started = true
-		go w.run()
+		w.done = make(chan struct{})
+		go w.run(w.done)
 	}
 	if kw.from == 0 {
 		w.look(kw, true)
@@ -355,10 +356,11 @@ func events(evs []*clientv3.Event) []*mvccpb.Event {
 }
 
 // run opens a stream when there is a watch to make, serves it until it
-// breaks, and waits a little before the next one, until the session ends.
-// Then it ends every watch: each hold is lost with the session's end.
-func (w *lossWatcher) run() {
-	defer close(w.done)
+// breaks or is idle, and waits a little before the next one, until the
+// session ends or there is nothing left to watch (add starts it again).
+// When the session ends it ends every watch: each hold is lost with it.
+func (w *lossWatcher) run(done chan struct{}) {
+	defer close(done)
 	ctx := w.s.watchCtx // requires a leader; ends with the session
 	backoff := minStreamBackoff
 	for ctx.Err() == nil {
@@ -378,6 +380,13 @@ func (w *lossWatcher) run() {
 		}
 		backoff = min(2*backoff, maxStreamBackoff)
 		w.mu.Lock()
+		if len(w.watches) == 0 && ctx.Err() == nil {
+			// Nothing to watch: a session that no longer watches costs
+			// neither a goroutine nor a stream.
+			w.started, w.queue = false, nil
+			w.mu.Unlock()
+			return
+		}
 		left := len(w.queue) > 0
 		w.mu.Unlock()
 		if left {
@@ -405,18 +414,19 @@ func (w *lossWatcher) run() {
 	w.busy.Wait()
 }
 
-// wait waits until run has returned, if it was started. The session has
-// ended.
+// wait waits until run and the goroutines that look into keys have
+// returned. The session has ended.
 func (w *lossWatcher) wait() {
 	w.mu.Lock()
-	started := w.started
+	started, done := w.started, w.done
 	if !started {
 		w.ended = true // a watch added from now on finds the session ended
 	}
 	w.mu.Unlock()
 	if started {
-		<-w.done
+		<-done
 	}
+	w.busy.Wait()
 }
 
 // serve opens one stream and serves it until it breaks or the session
@@ -523,8 +533,15 @@ func (w *lossWatcher) receive(resp *pb.WatchResponse) bool {
 	return true
 }
 
+// idleStreamTimeout is how long a session keeps its watch stream open
+// with nothing to watch: long enough that a program that locks now and
+// then reuses it, short enough that sessions that stopped watching do
+// not each keep a stream on etcd (and two goroutines here).
+const idleStreamTimeout = 5 * time.Second
+
 // send sends the queued create and cancel requests on stream, in order,
-// until ctx ends, a send fails or serve stops it.
+// until ctx ends, a send fails, serve stops it, or there has been nothing
+// to watch for idleStreamTimeout (then serve closes the stream).
 func (w *lossWatcher) send(ctx context.Context, stream pb.Watch_WatchClient) {
 	for {
 		for {
@@ -536,15 +553,29 @@ func (w *lossWatcher) send(ctx context.Context, stream pb.Watch_WatchClient) {
 				return
 			}
 		}
+		var idle *time.Timer
+		var idleC <-chan time.Time
+		w.mu.Lock()
+		if len(w.watches) == 0 {
+			idle = time.NewTimer(idleStreamTimeout)
+			idleC = idle.C
+		}
+		w.mu.Unlock()
+		fired := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.wake:
+		case <-idleC:
+			fired = true
+		}
+		if idle != nil {
+			idle.Stop()
 		}
 		w.mu.Lock()
-		sending := w.sending
+		sending, watching := w.sending, len(w.watches) > 0
 		w.mu.Unlock()
-		if !sending {
+		if !sending || fired && !watching {
 			return
 		}
 	}
