@@ -31,10 +31,12 @@ import (
 // again after that read.
 
 // A lossWatcher serves the key watches of one session on one Watch stream
-// of its own, which it opens when there is a first watch to make and
-// opens again, after a pause, when it breaks. Its goroutine (two while a
-// stream is open: one receives, one sends) ends with the session, which
-// then ends every hold it watches. It is safe for concurrent use.
+// of its own, which it opens when there is a watch to make, opens again,
+// after a pause, when it breaks, and closes when it has had nothing to
+// watch for idleStreamTimeout. Its goroutines (two while a stream is
+// open: one receives, one sends; none while idle) end at the latest with
+// the session, which then ends every hold it watches. It is safe for
+// concurrent use.
 type lossWatcher struct {
 	s    *Session
 	wc   pb.WatchClient // nil: each watch is made through the client's Watcher (see watchAlone)
