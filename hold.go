@@ -187,11 +187,16 @@ func (q *queue) do(ctx context.Context, mode KeyMode, fn func(ctx context.Contex
 // uses a context that outlives a cancelled ctx, since the lock must be
 // released even when the caller gave up. It ends: either etcd answers, or
 // the session ends, and then Unlock ends the hold too.
+//
+// An attempt waits for etcd's answer for as long as the session lives, not
+// for a deadline of its own: a slow etcd (answers later than any fixed
+// bound) would otherwise see every attempt time out and the lock stay held
+// until the session ends, which is what the wait already bounds.
 func (q *queue) unlockSurely(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	backoff := 50 * time.Millisecond
 	for {
-		uctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+		uctx, cancel := q.s.bound(ctx)
 		err := q.unlock(uctx, nil, "Unlock")
 		cancel()
 		if err == nil || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLockReleased) || errors.Is(err, ErrSessionExpired) {

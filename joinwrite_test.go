@@ -145,3 +145,42 @@ func TestLockSessionEndsMidJoinWrite(t *testing.T) {
 	require.Equal(t, m.Key(), string(evs[0].Kv.Key))
 	require.Empty(t, keys(t, cli, name))
 }
+
+// TestDoUnlockWaitsForSlowAnswer: Do's release, which retries until etcd
+// answers, waits for a late answer instead of giving up on each attempt
+// after a fixed 5s. With every answer 6s late, such attempts all timed out,
+// and the lock stayed held until the session ended.
+func TestDoUnlockWaitsForSlowAnswer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("etcd answers 6s late")
+	}
+	const late = 6 * time.Second
+	name := lockName(t)
+	// Renewals answered 6s late keep a 30s lease alive.
+	px, s, cli := slowSession(t, etcdlock.WithTTL(30*time.Second))
+	m := etcdlock.NewMutex(s, name)
+
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		done <- m.Do(context.Background(), func(context.Context) error {
+			px.DelayAnswers(late) // the release's answer comes late
+			return nil
+		})
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(4 * late):
+		// Every attempt gave up before its answer came: Do cannot end
+		// while the session lives (its renewals, late too, keep it).
+		px.DelayAnswers(0)
+		require.NoError(t, s.Close())
+		<-done
+		t.Fatalf("Do had not released the lock after %v", 4*late)
+	}
+	require.GreaterOrEqual(t, time.Since(start), late)
+	px.DelayAnswers(0)
+	require.Empty(t, keys(t, cli, name))
+	require.NoError(t, s.Err(), "the session must have lived through it")
+}
