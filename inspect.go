@@ -73,8 +73,10 @@ var (
 // inspectOptions holds InspectLock's settings; the zero value is the
 // default.
 type inspectOptions struct {
-	rev      int64
-	noLeases bool
+	rev          int64
+	noLeases     bool
+	holdersOnly  bool // read only the holders' leases
+	serializable bool
 }
 
 // An InspectOption configures InspectLock.
@@ -94,6 +96,20 @@ func WithoutLeases() InspectOption {
 	return func(o *inspectOptions) { o.noLeases = true }
 }
 
+// HolderLeasesOnly makes InspectLock read the TTLs of the holders' leases
+// only: a long queue then costs no RPC per waiter. Default: every lease.
+func HolderLeasesOnly() InspectOption {
+	return func(o *inspectOptions) { o.holdersOnly = true }
+}
+
+// Serializable lets the member InspectLock asks answer from its own copy,
+// without a round trip to the leader: cheaper, for a display polled over
+// and over, but the queue may be a little stale (it is still the queue at
+// one revision, Revision, of that member). Default: linearizable.
+func Serializable() InspectOption {
+	return func(o *inspectOptions) { o.serializable = true }
+}
+
 // InspectLock reads the queue of the lock called name through cli: who
 // holds it and who waits, in line order, with each key's mode, identity
 // and lease. It needs no Session and works on any name: locks and
@@ -103,15 +119,16 @@ func WithoutLeases() InspectOption {
 // (name/sub/...) are not.
 //
 // It writes nothing and is a snapshot: every page of the queue is read at
-// the revision of the first (a linearizable read), returned as Revision,
+// the revision of the first (a linearizable read unless Serializable),
+// returned as Revision,
 // so a long queue that moves meanwhile is still shown as it was at one
 // moment. Which keys hold is etcdlock's grant rule (Holders) applied to
 // that snapshot. It costs one range per inspectPage (512) keys, then one
 // LeaseTimeToLive per distinct lease, which tells the lease as it is a
 // moment later (a lease that ended meanwhile says so in LeaseErr).
 //
-// WithoutLeases and AtRevision leave the leases unread (LeaseErr says
-// so). AtRevision reads an older queue; if etcd has compacted that
+// WithoutLeases and AtRevision leave the leases unread, and
+// HolderLeasesOnly the waiters' (LeaseErr says so). AtRevision reads an older queue; if etcd has compacted that
 // revision the error matches rpctypes.ErrCompacted. InspectLock returns
 // ErrInvalidName for an empty name or one longer than MaxNameLen, and
 // etcd's error if a read fails.
@@ -132,6 +149,9 @@ func InspectLock(ctx context.Context, cli *clientv3.Client, name string, opts ..
 			clientv3.WithPrefix(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend),
 			clientv3.WithLimit(inspectPage),
+		}
+		if o.serializable {
+			opts = append(opts, clientv3.WithSerializable())
 		}
 		if q.Revision > 0 {
 			// Later pages read at the first one's revision: the queue
@@ -161,12 +181,16 @@ func InspectLock(ctx context.Context, cli *clientv3.Client, name string, opts ..
 		}
 	}
 	q.holders = markHolders(q.Keys)
-	if !o.noLeases && rev == 0 {
-		readLeaseTTLs(ctx, cli, q.Keys)
-	} else {
-		for i := range q.Keys {
-			q.Keys[i].LeaseErr = errLeasesNotRead
-		}
+	read := q.Keys
+	switch {
+	case o.noLeases || rev > 0:
+		read = nil
+	case o.holdersOnly:
+		read = q.Holders()
+	}
+	readLeaseTTLs(ctx, cli, read)
+	for i := len(read); i < len(q.Keys); i++ {
+		q.Keys[i].LeaseErr = errLeasesNotRead
 	}
 	return q, nil
 }

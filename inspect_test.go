@@ -79,6 +79,17 @@ func TestInspectMutexQueue(t *testing.T) {
 	require.GreaterOrEqual(t, resp.Header.Revision, q.Revision)
 	require.Greater(t, q.Revision, q.Waiters()[1].Token-1)
 
+	// Only the holder's lease, from the member's own copy.
+	q2, err := etcdlock.InspectLock(ctx, cli, name, etcdlock.HolderLeasesOnly(), etcdlock.Serializable())
+	require.NoError(t, err)
+	require.Equal(t, queueKeys(q), queueKeys(q2))
+	require.NoError(t, q2.Holders()[0].LeaseErr)
+	require.EqualValues(t, 15, q2.Holders()[0].GrantedTTL)
+	for _, k := range q2.Waiters() {
+		require.Error(t, k.LeaseErr)
+		require.Zero(t, k.GrantedTTL)
+	}
+
 	require.NoError(t, holder.Unlock(ctx))
 	require.NoError(t, <-theirsDone)
 	require.NoError(t, theirs.Unlock(ctx))
