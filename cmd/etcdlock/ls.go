@@ -130,16 +130,8 @@ func readLs(ctx context.Context, cli *clientv3.Client, prefix string) (*lsJSON, 
 		j := lsLockJSON{Name: lk.Name, Waiters: lk.Waiters}
 		for _, h := range lk.Holders {
 			hj := lsHolderJSON{Key: h.Key, Lease: fmt.Sprintf("%x", int64(h.Lease)), Token: h.Token, Mode: h.Mode.String(), Identity: h.Identity}
-			var old holderRecord
-			if rec, ok := parseRunRecord(h.Identity); ok {
-				hj.Host, hj.PID, hj.Command, hj.QueuedAt = rec.Host, rec.PID, rec.Command, &rec.Queued
-				if heldFromQueued(ctx, cli, lk.Name, h) {
-					hj.HeldSince = &rec.Queued
-				}
-			} else if h.Identity == "" && h.Mode.Exclusive() && json.Unmarshal(h.Value, &old) == nil && !old.Since.IsZero() {
-				// Written once it held, by etcdlock run before it
-				// recorded itself with WithIdentity.
-				hj.Host, hj.PID, hj.Command, hj.HeldSince = old.Host, old.PID, old.Command, &old.Since
+			if rec, ok := readSelfRecord(ctx, cli, lk.Name, h); ok {
+				hj.Host, hj.PID, hj.Command, hj.QueuedAt, hj.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
 			}
 			j.Holders = append(j.Holders, hj)
 		}

@@ -58,6 +58,39 @@ func (rec runRecord) who() string {
 	return s
 }
 
+// A selfRecord is what a holder recorded about itself, as status and ls
+// show it.
+type selfRecord struct {
+	Host    string
+	PID     int
+	Command string
+	// Queued is when it joined the queue (etcdlock run's identity), and
+	// HeldSince when its hold began, when that is known: run's Queued if
+	// it got the lock the moment it joined, or the time an older etcdlock
+	// run wrote into its key once it held the lock. Both by its clock.
+	Queued, HeldSince *time.Time
+}
+
+// readSelfRecord reads what holder k of lock name recorded about itself;
+// false if nothing that etcdlock run writes. For run's identity it asks
+// etcd's history whether k got the lock the moment it joined (one read).
+func readSelfRecord(ctx context.Context, cli *clientv3.Client, name string, k etcdlock.QueueKey) (selfRecord, bool) {
+	if rec, ok := parseRunRecord(k.Identity); ok {
+		r := selfRecord{Host: rec.Host, PID: rec.PID, Command: rec.Command, Queued: &rec.Queued}
+		if heldFromQueued(ctx, cli, name, k) {
+			r.HeldSince = r.Queued
+		}
+		return r, true
+	}
+	// Before WithIdentity, etcdlock run wrote its record, the value, once
+	// it held the lock.
+	var old holderRecord
+	if k.Identity == "" && k.Mode.Exclusive() && json.Unmarshal(k.Value, &old) == nil && !old.Since.IsZero() {
+		return selfRecord{Host: old.Host, PID: old.PID, Command: old.Command, HeldSince: &old.Since}, true
+	}
+	return selfRecord{}, false
+}
+
 // heldFromQueued reports whether holder k, which holds the lock of name,
 // has held it since it joined the queue: whether its key was admitted at
 // its create revision (then the queued time of its record is when the hold
