@@ -123,7 +123,7 @@ func Serializable() InspectOption {
 // returned as Revision,
 // so a long queue that moves meanwhile is still shown as it was at one
 // moment. Which keys hold is etcdlock's grant rule (Holders) applied to
-// that snapshot. It costs one range per inspectPage (512) keys, then one
+// that snapshot. It costs one range per 512 keys, then one
 // LeaseTimeToLive per distinct lease, which tells the lease as it is a
 // moment later (a lease that ended meanwhile says so in LeaseErr).
 //
@@ -264,7 +264,6 @@ func readLeaseTTLs(ctx context.Context, cli *clientv3.Client, keys []QueueKey) {
 type LockSummary struct {
 	Name    string
 	Holders []QueueKey // oldest first; at least one
-
 	Waiters int
 }
 
@@ -281,7 +280,7 @@ type LockList struct {
 // Session and writes nothing.
 //
 // Like InspectLock it is a snapshot: it pages through the prefix,
-// inspectPage (512) keys a range, every page at the revision of the first
+// 512 keys a range, every page at the revision of the first
 // (a linearizable read), returned as Revision. The holders' leases are not
 // read (their LeaseErr says so); InspectLock reads them for one lock. Keys
 // under prefix that are no lock's key (no "/" after prefix, or ending in
