@@ -7,7 +7,7 @@
 //	etcdlock run [flags] NAME                  hold the lock NAME until a signal, printing its key
 //	etcdlock elect [flags] NAME [VALUE] -- CMD  lead the election NAME while CMD runs
 //	etcdlock elect --listen [--json] NAME      print the leader of NAME and every change
-//	etcdlock status [flags] NAME               show the holder and the waiters of NAME
+//	etcdlock status [flags] NAME               show the holders and the waiters of NAME
 //	etcdlock ls [flags] PREFIX                 list every lock under PREFIX: holder, held for, waiters
 //	etcdlock version                           show the versions of etcdlock, Go and the etcd client
 //
@@ -126,7 +126,7 @@ Usage:
                                               runs, campaigning with VALUE
   etcdlock elect --listen [--json] NAME       print the leader of NAME and
                                               every change
-  etcdlock status [flags] NAME                show the holder and waiters of NAME
+  etcdlock status [flags] NAME                show the holders and waiters of NAME
   etcdlock ls [flags] PREFIX                  list every lock under PREFIX: its
                                               holder, held for, waiters
   etcdlock version                            show the versions of etcdlock, Go
