@@ -16,3 +16,11 @@ func SetTestHookWaitKeys(l interface{ self() *queue }, f func(keys []string)) {
 // Hooked is what SetTestHookWaitKeys accepts: a Mutex, RWMutex or
 // Semaphore.
 type Hooked = interface{ self() *queue }
+
+// SetInspectPage makes InspectLock and ListLocks read n keys a range, until
+// restore is called. Not for parallel tests.
+func SetInspectPage(n int64) (restore func()) {
+	old := inspectPage
+	inspectPage = n
+	return func() { inspectPage = old }
+}

@@ -299,7 +299,7 @@ func (q *queue) limitHold(ctx context.Context, h *hold) error {
 	q.s.trackLease(h.limit.lease, h.limit.deadline) // Close revokes it
 	resp, err := q.s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
-		Then(clientv3.OpPut(q.key, h.mode.value(), clientv3.WithLease(g.ID))).
+		Then(clientv3.OpPut(q.key, q.value(h.mode), clientv3.WithLease(g.ID))).
 		Commit()
 	if err == nil && !resp.Succeeded {
 		err = errorf("%w: %w", ErrLockLost, q.keyGone(ctx, 0))

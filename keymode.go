@@ -45,6 +45,27 @@ func (m KeyMode) value() string {
 	return ""
 }
 
+// value is the value of this queue's key in mode m: m.value(), then, when
+// the queue has an identity (WithIdentity), "\n" and the identity.
+func (q *queue) value(m KeyMode) string {
+	if q.opts.identity == "" {
+		return m.value()
+	}
+	return m.value() + "\n" + q.opts.identity
+}
+
+// identityOf returns the identity recorded in a key's value by
+// WithIdentity: what follows the first "\n", when the first line is a mode
+// line as etcdlock writes it (empty for exclusive). Any other value (etcd's
+// empty one, an election's proposal, a JSON record) has none: "".
+func identityOf(value []byte) string {
+	line, rest, ok := bytes.Cut(value, []byte("\n"))
+	if !ok || (len(line) > 0 && ParseKeyMode(value).Exclusive()) {
+		return ""
+	}
+	return string(rest)
+}
+
 // ParseKeyMode reads the mode from the value of a key of a lock's queue.
 // Only its first line counts (what follows a "\n" is room for a holder's
 // own record), and only in exactly the form etcdlock writes: anything else

@@ -84,8 +84,9 @@ func ttlSeconds(d time.Duration) int64 {
 
 // mutexOptions holds a Mutex's settings; the zero value is the default.
 type mutexOptions struct {
-	maxHold time.Duration
-	err     error // the first invalid option, reported by Lock and TryLock
+	maxHold  time.Duration
+	identity string // WithIdentity's; "" for none
+	err      error  // the first invalid option, reported by Lock and TryLock
 }
 
 // A MutexOption configures NewMutex. An invalid value makes Lock and
@@ -126,6 +127,33 @@ func WithMaxHold(d time.Duration) MutexOption {
 			return errorf("%w: max hold %v is below the minimum %v", ErrInvalidOption, d, MinTTL)
 		}
 		o.maxHold = d
+		return nil
+	}
+}
+
+// MaxIdentityLen is the longest identity WithIdentity accepts. Every
+// waiter of an RWMutex or a Semaphore reads the values of the keys ahead
+// of it, identities included: a short description keeps those reads small.
+const MaxIdentityLen = 1 << 10
+
+// WithIdentity records who holds: identity (for example a host, a pid, a
+// service name, the time it queued) goes into the value of the key, in the
+// Put that joins the queue, so it costs no RPC of its own. InspectLock and
+// ListLocks return it, and so do `etcdlock status` and `etcdlock ls`.
+//
+// The value's first line stays the key's mode (see ParseKeyMode), and the
+// identity follows its "\n": a Mutex's key then reads "\n"+identity, which
+// etcd's concurrency.Mutex and `etcdctl lock` ignore like any value. The
+// identity is written as given; it may not be changed while the key exists
+// (a key's value changes only with its mode). Default: none, and a Mutex's
+// key has the empty value of etcd's. An identity longer than
+// MaxIdentityLen is an error.
+func WithIdentity(identity string) MutexOption {
+	return func(o *mutexOptions) error {
+		if len(identity) > MaxIdentityLen {
+			return errorf("%w: identity is %d bytes, longer than %d", ErrInvalidOption, len(identity), MaxIdentityLen)
+		}
+		o.identity = identity
 		return nil
 	}
 }

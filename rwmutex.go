@@ -132,7 +132,7 @@ func (m *RWMutex) Downgrade(ctx context.Context) error {
 	// WithMaxHold one.
 	resp, err := m.s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", h.rev)).
-		Then(clientv3.OpPut(m.key, shared.value(), clientv3.WithIgnoreLease())).
+		Then(clientv3.OpPut(m.key, m.value(shared), clientv3.WithIgnoreLease())).
 		Commit()
 	m.mu.Lock()
 	defer m.mu.Unlock()

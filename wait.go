@@ -100,10 +100,10 @@ func (q *queue) self() *queue { return q }
 // lock is Lock, RLock and Acquire (wait) and their Try forms: it takes a
 // hold in mode.
 func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
-	return q.lockValue(ctx, mode, mode.value(), wait)
+	return q.lockValue(ctx, mode, q.value(mode), wait)
 }
 
-// lockValue is lock with the key's value given: mode.value(), or an
+// lockValue is lock with the key's value given: q.value(mode), or an
 // election's proposal (whose mode, read back, is exclusive).
 func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bool) error {
 	if err := q.validate(); err != nil {

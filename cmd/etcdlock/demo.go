@@ -251,12 +251,12 @@ func (c *demoClient) queue(ctx context.Context, d *demo, ahead string) error {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
-		q, err := readQueue(wctx, c.cli, demoLock, true, false)
+		q, err := readQueue(wctx, c.cli, demoLock, false)
 		if err != nil {
 			return fmt.Errorf("%s: read queue: %w", c.name, err)
 		}
-		if pos := q.position(c.m.Key()); pos > 0 {
-			d.say(c.name, "queues behind %-5s  key %s  (token %d if it gets the lock)", ahead, c.m.Key(), q.Entries[pos].Rev)
+		if pos := position(q, c.m.Key()); pos > 0 {
+			d.say(c.name, "queues behind %-5s  key %s  (token %d if it gets the lock)", ahead, c.m.Key(), q.Keys[pos].Token)
 			return nil
 		}
 		select {

@@ -8,6 +8,7 @@
 //	etcdlock elect [flags] NAME [VALUE] -- CMD  lead the election NAME while CMD runs
 //	etcdlock elect --listen [--json] NAME      print the leader of NAME and every change
 //	etcdlock status [flags] NAME               show the holders and the waiters of NAME
+//	etcdlock ls [flags] PREFIX                 list every lock under PREFIX: holder, held for, waiters
 //	etcdlock version                           show the versions of etcdlock, Go and the etcd client
 //
 // Locks are those of package etcdlock: the key NAME/<lease ID in hex>, bound
@@ -126,6 +127,8 @@ Usage:
   etcdlock elect --listen [--json] NAME       print the leader of NAME and
                                               every change
   etcdlock status [flags] NAME                show the holders and waiters of NAME
+  etcdlock ls [flags] PREFIX                  list every lock under PREFIX: its
+                                              holder, held for, waiters
   etcdlock version                            show the versions of etcdlock, Go
                                               and the etcd client
   etcdlock help [COMMAND]                     show help
@@ -217,6 +220,8 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		return cmdElect(rest, stdout, stderr)
 	case "status":
 		return cmdStatus(rest, stdout, stderr)
+	case "ls":
+		return cmdLs(rest, stdout, stderr)
 	case "version":
 		return cmdVersion(rest, stdout)
 	case demoHolderCmd:

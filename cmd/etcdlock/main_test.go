@@ -98,11 +98,11 @@ func holdLock(t *testing.T, cli *clientv3.Client, name string) (*etcdlock.Mutex,
 // queueKeys returns the keys of lock name's queue, oldest first.
 func queueKeys(t *testing.T, cli *clientv3.Client, name string) []string {
 	t.Helper()
-	q, err := readQueue(t.Context(), cli, name, true, false)
+	q, err := readQueue(t.Context(), cli, name, false)
 	require.NoError(t, err)
 	var keys []string
-	for _, e := range q.Entries {
-		keys = append(keys, e.Key)
+	for _, k := range q.Keys {
+		keys = append(keys, k.Key)
 	}
 	return keys
 }
@@ -130,7 +130,7 @@ func watchQueue(t *testing.T, cli *clientv3.Client, name string) *queueWatch {
 		defer close(w.done)
 		for wr := range wch {
 			for _, ev := range wr.Events {
-				if ev.Kv.Version == 1 && isChild(name+"/", string(ev.Kv.Key)) {
+				if rest, ok := strings.CutPrefix(string(ev.Kv.Key), name+"/"); ev.Kv.Version == 1 && ok && !strings.Contains(rest, "/") {
 					w.keys <- string(ev.Kv.Key)
 				}
 			}

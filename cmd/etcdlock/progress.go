@@ -67,19 +67,19 @@ func (p *progress) loop(ctx context.Context) {
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, progressInterval)
-		q, err := readQueue(rctx, p.cli, p.name, true, true)
+		q, err := readQueue(rctx, p.cli, p.name, true)
 		cancel()
 		if err != nil {
 			continue // only a display: try again at the next tick
 		}
 		var place string
-		switch pos := q.position(p.key); {
+		switch pos := position(q, p.key); {
 		case pos == 0:
 			continue // first in line: Lock returns at once
 		case pos < 0:
 			place = "joining the queue"
 		default:
-			place = fmt.Sprintf("queue position %d of %d", pos, len(q.Entries)-1)
+			place = fmt.Sprintf("queue position %d of %d", pos, len(q.Keys)-1)
 		}
 		line := fmt.Sprintf("etcdlock: waiting for %s: %s, waited %s", p.what, place, fmtDur(time.Since(p.start)))
 		switch {

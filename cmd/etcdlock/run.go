@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -71,9 +70,10 @@ session. --timeout counts from the first join. Only waiting works this way:
 a holder whose session ends has lost the lock.
 
 While it waits, etcdlock shows its place in the queue on standard error (one
-line updated in place on a terminal; a line per change otherwise). Once it
-holds the lock it records the time (by its own clock), host, pid and CMD's
-name in its key, for 'etcdlock status'.
+line updated in place on a terminal; a line per change otherwise). The write that
+joins the queue records in its key's value the time it joined (by its own
+clock), host, pid and CMD's name, for 'etcdlock status' and 'etcdlock ls':
+no write of its own.
 ` + connHelp + "\n" + exitCodesHelp
 
 func cmdRun(args []string, stdout, stderr io.Writer) error {
@@ -129,6 +129,7 @@ func (r *lockRun) main(cmdArgs []string, try bool, timeout time.Duration, quiet 
 			return cmdErr(cmdArgs[0], err)
 		}
 		cmd = exec.Command(cmdArgs[0], cmdArgs[1:]...)
+		r.cmdName = filepath.Base(cmdArgs[0])
 	}
 	// Before signals are caught: Ctrl-C at the prompt must end etcdlock.
 	if err := r.conn.askPassword(command, os.Stdin, r.stderr); err != nil {
@@ -201,6 +202,9 @@ type lockRun struct {
 	lost   bool               // the lock is known lost: cleanup is best effort, and short
 	shown  bool               // progress was shown while waiting
 	joined time.Time          // when the run first joined the queue
+	// cmdName is CMD's name, without arguments, for the key's identity;
+	// "" without CMD.
+	cmdName string
 }
 
 // holdable is what a lockRun waits for and holds: a Mutex, or a candidacy
@@ -217,12 +221,15 @@ type holdable interface {
 	IsOwner() clientv3.Cmp
 }
 
-// newHold returns what the run waits for and holds through session s.
+// newHold returns what the run waits for and holds through session s. A
+// Mutex records who runs it, and when it joined the queue, in the Put that
+// joins it (etcdlock.WithIdentity): no write of its own. A candidate's
+// value is its proposal, which observers read: it records nothing.
 func (r *lockRun) newHold(s *etcdlock.Session) holdable {
 	if r.elect != nil {
 		return &candidate{Election: etcdlock.NewElection(s, r.name), value: r.elect.value}
 	}
-	return etcdlock.NewMutex(s, r.name)
+	return etcdlock.NewMutex(s, r.name, etcdlock.WithIdentity(newRunRecord(r.cmdName)))
 }
 
 // what names what the run queues for, for messages: lock "NAME" or
@@ -380,6 +387,9 @@ func (r *lockRun) wait(ctx context.Context, try bool, quiet bool) error {
 
 // lockOnce locks (or try-locks) the Mutex once, showing progress.
 func (r *lockRun) lockOnce(ctx context.Context, try, quiet bool) error {
+	if r.elect == nil {
+		r.m = r.newHold(r.s) // its identity says it joins now
+	}
 	if try {
 		return r.m.TryLock(ctx)
 	}
@@ -426,13 +436,13 @@ func (r *lockRun) restartSession(ctx context.Context) error {
 func (r *lockRun) describeHolder() string {
 	ctx, cancel := context.WithTimeout(context.Background(), r.conn.commandTimeout)
 	defer cancel()
-	q, err := readQueue(ctx, r.cli, r.name, true, false)
-	if err != nil || len(q.Entries) == 0 {
+	q, err := readQueue(ctx, r.cli, r.name, false)
+	if err != nil || len(q.Keys) == 0 {
 		return ""
 	}
-	h := q.Entries[0]
-	s := fmt.Sprintf(" by %s (token %d)", h.Key, h.Rev)
-	if n := len(q.Entries) - 1; n > 0 {
+	h := q.Keys[0]
+	s := fmt.Sprintf(" by %s (token %d)", h.Key, h.Token)
+	if n := len(q.Keys) - 1; n > 0 {
 		s += fmt.Sprintf(", %d waiting", n)
 	}
 	return s
@@ -454,7 +464,6 @@ func (r *lockRun) release() error {
 // stops it if the lock is lost. It releases the lock when cmd exits, and
 // returns cmd's exit code as an exitError, or exitLost.
 func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer) error {
-	acquired := time.Now()
 	m, held, stderr := r.m, r.held(), r.stderr
 	lost := m.Done() // starts watching the hold now, before CMD runs
 	cmdName := filepath.Base(cmd.Args[0])
@@ -486,14 +495,6 @@ func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer
 		return cmdErr(cmd.Args[0], err)
 	}
 
-	// A loss cancels the record: nothing may delay the exit then.
-	rctx, stopRecord := context.WithTimeout(context.Background(), r.conn.commandTimeout)
-	defer stopRecord()
-	recorded := make(chan struct{})
-	go func() {
-		defer close(recorded)
-		r.recordHolder(rctx, acquired, cmdName)
-	}()
 	waitc := make(chan error, 1)
 	go func() { waitc <- cmd.Wait() }()
 
@@ -507,7 +508,6 @@ loop:
 		case <-lost:
 			lost = nil
 			r.lost = true
-			stopRecord()
 			if lostErr = m.Err(); lostErr == nil {
 				lostErr = etcdlock.ErrLockLost
 			}
@@ -527,7 +527,6 @@ loop:
 			signalCmd(cmd, sig, group)
 		}
 	}
-	<-recorded
 
 	code := exitFailure
 	var ee *exec.ExitError
@@ -555,30 +554,18 @@ loop:
 // printing its key on stdout. It returns nil once the lock is released, or
 // exitLost as soon as it is lost.
 func (r *lockRun) hold(stdout io.Writer) error {
-	acquired := time.Now()
 	lost := r.m.Done()
 	fmt.Fprintln(stdout, r.m.Key())
-	rctx, stopRecord := context.WithTimeout(context.Background(), r.conn.commandTimeout)
-	defer stopRecord()
-	recorded := make(chan struct{})
-	go func() {
-		defer close(recorded)
-		r.recordHolder(rctx, acquired, "")
-	}()
 
 	select {
 	case <-lost:
 		r.lost = true
-		stopRecord()
-		<-recorded
 		err := r.m.Err()
 		if err == nil {
 			err = etcdlock.ErrLockLost
 		}
 		return failf(exitLost, "lost %s while holding it (%s)", r.held(), detail(err))
 	case <-r.sigc:
-		stopRecord()
-		<-recorded
 	}
 	switch err := r.release(); {
 	case errors.Is(err, etcdlock.ErrLockLost):
@@ -587,26 +574,4 @@ func (r *lockRun) hold(stdout io.Writer) error {
 		fmt.Fprintf(r.stderr, "etcdlock: release %s: %s; revoking the session's lease instead\n", r.held(), detail(err))
 	}
 	return nil
-}
-
-// recordHolder writes who holds the lock, and since when, into its key for
-// status. The write is guarded by IsOwner, so it never touches a key of a
-// later hold, and keeps the key's lease; the key's create revision, its
-// place and token, stays as it is. Waiters watch for deletes only. It is
-// best effort, within ctx: status says "unknown" without it. A leader
-// records nothing: its key's value is its proposal, which observers read.
-func (r *lockRun) recordHolder(ctx context.Context, since time.Time, cmdName string) {
-	if r.elect != nil {
-		return
-	}
-	cli, m := r.cli, r.m
-	host, _ := os.Hostname()
-	rec, err := json.Marshal(holderRecord{Since: since.UTC(), Host: host, PID: os.Getpid(), Command: cmdName})
-	if err != nil {
-		return
-	}
-	_, _ = cli.Txn(ctx).
-		If(m.IsOwner()).
-		Then(clientv3.OpPut(m.Key(), string(rec), clientv3.WithIgnoreLease())).
-		Commit()
 }

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -518,9 +517,15 @@ func TestHoldWithoutCmd(t *testing.T) {
 		p := startProc(t, nil, append([]string{"run", ep(), name}, tc.args...)...)
 		key := p.stdout.waitFor(t, name+"/")
 		require.Equal(t, []string{key}, queueKeys(t, cli, name))
+		// The Put that joined the queue recorded who holds: the mode's
+		// line (empty: exclusive), then run's identity.
 		kv := waitRecorded(t, cli, key)
-		var rec holderRecord
-		require.NoError(t, json.Unmarshal(kv.Value, &rec))
+		require.Equal(t, int64(1), kv.Version, "no write after the one that joined")
+		mode, identity, ok := strings.Cut(string(kv.Value), "\n")
+		require.True(t, ok)
+		require.Empty(t, mode)
+		rec, ok := parseRunRecord(identity)
+		require.True(t, ok, identity)
 		require.Equal(t, p.cmd.Process.Pid, rec.PID)
 		require.Empty(t, rec.Command)
 

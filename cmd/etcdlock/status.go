@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -31,79 +31,40 @@ fit its capacity; the MODE column then tells each key's kind: exclusive,
 shared (a reader), or "n of capacity" (a Semaphore's permits).
 
 etcd keeps no timestamps, and a lease tells its TTL and what is left of it,
-not when it began: "held since" is shown only when the holder recorded it
-(etcdlock run writes the time, by its own clock, into its key once it holds
-the lock); otherwise it is unknown.
+not when it began. etcdlock run records in its key when it joined the queue,
+by its own clock: "held since" is that time when etcd's history shows it got
+the lock the moment it joined, and else unknown but at most the time since
+it joined (it waited for part of it, or the history is compacted). A holder
+that recorded nothing: unknown.
 
 Exit codes: 0 shown (held or free), 2 usage, 3 cannot reach etcd, 1 other.
 ` + connHelp
 
-// queueEntry is one key of a lock's queue.
-type queueEntry struct {
-	Key   string
-	Lease clientv3.LeaseID
-	Rev   int64  // create revision: the token, if it holds
-	Value []byte // what the holder recorded, if anything
-}
-
-// lockQueue is a lock's queue as read at one revision.
-type lockQueue struct {
-	Revision int64        // etcd revision of the read
-	Entries  []queueEntry // oldest first: Entries[0] holds the lock
-}
-
-// isChild reports whether key is a waiter's key of the lock whose prefix
-// is pfx: a direct child, as in the library.
-func isChild(pfx, key string) bool {
-	rest, ok := strings.CutPrefix(key, pfx)
-	return ok && rest != "" && !strings.Contains(rest, "/")
-}
-
-// readQueue reads the queue of lock name. keysOnly leaves out the values;
-// serializable lets any member answer from its own, maybe stale, copy.
-func readQueue(ctx context.Context, cli *clientv3.Client, name string, keysOnly, serializable bool) (*lockQueue, error) {
-	pfx := name + "/"
-	opts := []clientv3.OpOption{
-		clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend),
-	}
-	if keysOnly {
-		opts = append(opts, clientv3.WithKeysOnly())
-	}
+// readQueue reads the queue of lock name (etcdlock.InspectLock), without
+// the leases; serializable lets any member answer from its own, maybe
+// stale, copy.
+func readQueue(ctx context.Context, cli *clientv3.Client, name string, serializable bool) (*etcdlock.LockQueue, error) {
+	opts := []etcdlock.InspectOption{etcdlock.WithoutLeases()}
 	if serializable {
-		opts = append(opts, clientv3.WithSerializable())
+		opts = append(opts, etcdlock.Serializable())
 	}
-	resp, err := cli.Get(ctx, pfx, opts...)
-	if err != nil {
-		return nil, err
-	}
-	q := &lockQueue{Revision: resp.Header.Revision}
-	for _, kv := range resp.Kvs {
-		if isChild(pfx, string(kv.Key)) {
-			q.Entries = append(q.Entries, queueEntry{
-				Key:   string(kv.Key),
-				Lease: clientv3.LeaseID(kv.Lease),
-				Rev:   kv.CreateRevision,
-				Value: kv.Value,
-			})
-		}
-	}
-	return q, nil
+	return etcdlock.InspectLock(ctx, cli, name, opts...)
 }
 
-// position returns key's place in q: 0 for the holder, n for the n-th
-// waiter, -1 if key is not in q.
-func (q *lockQueue) position(key string) int {
-	for i, e := range q.Entries {
-		if e.Key == key {
+// position returns key's place in q: 0 for the oldest key, n for the n-th
+// after it, -1 if key is not in q.
+func position(q *etcdlock.LockQueue, key string) int {
+	for i, k := range q.Keys {
+		if k.Key == key {
 			return i
 		}
 	}
 	return -1
 }
 
-// holderRecord is what `etcdlock run` writes into its key once it holds
-// the lock, for status to show. etcd records no time of its own.
+// holderRecord is what `etcdlock run` wrote into its key once it held the
+// lock, before it recorded itself with etcdlock.WithIdentity (runRecord):
+// status and ls still read it. etcd records no time of its own.
 type holderRecord struct {
 	Since   time.Time `json:"since"` // by the holder's clock
 	Host    string    `json:"host,omitempty"`
@@ -156,11 +117,14 @@ type holderJSON struct {
 	LeaseTTL     *int64 `json:"lease_ttl,omitempty"`
 	LeaseTTLLeft *int64 `json:"lease_ttl_left,omitempty"`
 	// When the holder got the lock by its own clock, and who it is, if it
-	// recorded that (etcdlock run does); absent otherwise.
+	// recorded that (etcdlock run does); absent otherwise. etcdlock run
+	// records when it joined the queue, QueuedAt; HeldSince is that time
+	// when etcd's history shows it got the lock the moment it joined.
 	HeldSince *time.Time `json:"held_since,omitempty"`
 	Host      string     `json:"host,omitempty"`
 	PID       int        `json:"pid,omitempty"`
 	Command   string     `json:"command,omitempty"`
+	QueuedAt  *time.Time `json:"queued_at,omitempty"`
 
 	leaseNote string // why LeaseTTL is absent, for the text output
 }
@@ -223,50 +187,36 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// readStatus reads the queue of name and the holders' leases. The holders
-// are the longest prefix of the queue that the keys' grant rules admit
-// (etcdlock.Holders).
+// readStatus reads the queue of name and the holders' leases
+// (etcdlock.InspectLock). The holders are the longest prefix of the queue
+// that the keys' grant rules admit (etcdlock.Holders).
 func readStatus(ctx context.Context, cli *clientv3.Client, name string) (*statusJSON, error) {
-	q, err := readQueue(ctx, cli, name, false, false)
+	q, err := etcdlock.InspectLock(ctx, cli, name, etcdlock.HolderLeasesOnly())
 	if err != nil {
 		return nil, err
 	}
-	modes := make([]etcdlock.KeyMode, len(q.Entries))
-	for i, e := range q.Entries {
-		modes[i] = etcdlock.ParseKeyMode(e.Value)
-	}
-	holders := etcdlock.Holders(modes)
 	st := &statusJSON{Name: name, Revision: q.Revision, Holders: []*holderJSON{}, Waiters: []waiterJSON{}}
-	for i, e := range q.Entries {
-		lease := fmt.Sprintf("%x", int64(e.Lease))
-		if i >= holders {
-			st.Waiters = append(st.Waiters, waiterJSON{Position: i - holders + 1, Key: e.Key, Lease: lease, Token: e.Rev, modeJSON: newModeJSON(modes[i])})
-			continue
-		}
-		h := &holderJSON{Key: e.Key, Lease: lease, Token: e.Rev, modeJSON: newModeJSON(modes[i])}
-		if e.Lease == clientv3.NoLease {
+	for i, k := range q.Waiters() {
+		st.Waiters = append(st.Waiters, waiterJSON{Position: i + 1, Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode)})
+	}
+	for _, k := range q.Holders() {
+		h := &holderJSON{Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode)}
+		switch {
+		case k.Lease == clientv3.NoLease:
 			h.leaseNote = "none: the key was not put by a lock client"
-		} else if resp, err := cli.TimeToLive(ctx, e.Lease); err != nil {
-			h.leaseNote = "cannot be read: " + oneLine(err.Error())
-		} else if resp.TTL < 0 {
+		case errors.Is(k.LeaseErr, rpctypes.ErrLeaseNotFound):
 			h.leaseNote = "expired since the read"
-		} else {
-			h.LeaseTTL, h.LeaseTTLLeft = &resp.GrantedTTL, &resp.TTL
+		case k.LeaseErr != nil:
+			h.leaseNote = "cannot be read: " + oneLine(k.LeaseErr.Error())
+		default:
+			h.LeaseTTL, h.LeaseTTLLeft = &k.GrantedTTL, &k.TTL
 		}
-		// The holder's record is the value, or what follows the mode's
-		// line in the value of a key that is not exclusive.
-		record := e.Value
-		if !modes[i].Exclusive() {
-			_, record, _ = bytes.Cut(e.Value, []byte("\n"))
-		}
-		var rec holderRecord
-		if len(record) > 0 && json.Unmarshal(record, &rec) == nil && !rec.Since.IsZero() {
-			h.HeldSince = &rec.Since
-			h.Host, h.PID, h.Command = rec.Host, rec.PID, rec.Command
+		if rec, ok := readSelfRecord(ctx, cli, name, k); ok {
+			h.Host, h.PID, h.Command, h.QueuedAt, h.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
 		}
 		st.Holders = append(st.Holders, h)
 	}
-	if holders > 0 {
+	if len(st.Holders) > 0 {
 		st.Holder = st.Holders[0]
 	}
 	return st, nil
@@ -329,10 +279,10 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 		recorded := false
 		for _, h := range st.Holders {
 			fmt.Fprintf(w, "lease of %s: %s\n", h.Key, h.leaseText())
-			recorded = recorded || h.HeldSince != nil
+			recorded = recorded || h.HeldSince != nil || h.QueuedAt != nil
 		}
 		for _, h := range st.Holders {
-			if h.HeldSince != nil {
+			if h.HeldSince != nil || h.QueuedAt != nil {
 				fmt.Fprintf(w, "%s %s\n", h.Key, h.sinceText(now))
 			}
 		}
@@ -343,7 +293,7 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	}
 	h := st.Holder
 	fmt.Fprintf(w, "holder's lease: %s\n", h.leaseText())
-	if h.HeldSince == nil {
+	if h.HeldSince == nil && h.QueuedAt == nil {
 		fmt.Fprintf(w, "held since: unknown (etcd keeps no timestamps and the holder recorded none); key created at revision %d\n", h.Token)
 		return
 	}
@@ -391,8 +341,9 @@ func (h *holderJSON) leaseText() string {
 	return fmt.Sprintf("TTL %ds, %ds left", *h.LeaseTTL, *h.LeaseTTLLeft)
 }
 
-// sinceText tells what the holder recorded: since when it holds and who it
-// is, on two lines. HeldSince must be set.
+// sinceText tells what the holder recorded: since when it holds (or, when
+// it waited, when it joined the queue) and who it is, on two lines.
+// HeldSince or QueuedAt must be set.
 func (h *holderJSON) sinceText(now time.Time) string {
 	who := ""
 	if h.Command != "" {
@@ -404,6 +355,11 @@ func (h *holderJSON) sinceText(now time.Time) string {
 	if h.Host != "" {
 		who += " on " + h.Host
 	}
+	const layout = "2006-01-02 15:04:05.000 MST"
+	if h.HeldSince == nil {
+		return fmt.Sprintf("held since: unknown, at most %s: the holder joined the queue at %s by its clock, and etcd's history does not show it got the lock then\nholder: etcdlock run%s",
+			fmtDur(max(0, now.Sub(*h.QueuedAt))), h.QueuedAt.Local().Format(layout), who)
+	}
 	return fmt.Sprintf("held since: %s (%s ago), as recorded by the holder's clock\nholder: etcdlock run%s",
-		h.HeldSince.Local().Format("2006-01-02 15:04:05.000 MST"), fmtDur(max(0, now.Sub(*h.HeldSince))), who)
+		h.HeldSince.Local().Format(layout), fmtDur(max(0, now.Sub(*h.HeldSince))), who)
 }

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// runRecord is the identity etcdlock run gives its key, through
+// etcdlock.WithIdentity: the Put that joins the queue writes it, at no
+// extra cost. etcd records no time of its own; Queued is when run joined
+// the queue, by its own clock, not when it got the lock.
+type runRecord struct {
+	Queued  time.Time `json:"queued"`
+	Host    string    `json:"host,omitempty"`
+	PID     int       `json:"pid,omitempty"`
+	Command string    `json:"command,omitempty"` // CMD's name, without arguments
+}
+
+// newRunRecord returns run's identity, queued now, for CMD cmdName ("":
+// none).
+func newRunRecord(cmdName string) string {
+	host, _ := os.Hostname()
+	b, err := json.Marshal(runRecord{Queued: time.Now().UTC(), Host: host, PID: os.Getpid(), Command: cmdName})
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// parseRunRecord reads a key's identity as etcdlock run writes it.
+func parseRunRecord(identity string) (runRecord, bool) {
+	var rec runRecord
+	if !strings.HasPrefix(identity, "{") || json.Unmarshal([]byte(identity), &rec) != nil || rec.Queued.IsZero() {
+		return runRecord{}, false
+	}
+	return rec, true
+}
+
+// who describes the holder of a record: "etcdlock run sh, pid 12 on host".
+func (rec runRecord) who() string {
+	s := "etcdlock run"
+	if rec.Command != "" {
+		s += " " + rec.Command
+	}
+	if rec.PID != 0 {
+		s += fmt.Sprintf(", pid %d", rec.PID)
+	}
+	if rec.Host != "" {
+		s += " on " + rec.Host
+	}
+	return s
+}
+
+// A selfRecord is what a holder recorded about itself, as status and ls
+// show it.
+type selfRecord struct {
+	Host    string
+	PID     int
+	Command string
+	// Queued is when it joined the queue (etcdlock run's identity), and
+	// HeldSince when its hold began, when that is known: run's Queued if
+	// it got the lock the moment it joined, or the time an older etcdlock
+	// run wrote into its key once it held the lock. Both by its clock.
+	Queued, HeldSince *time.Time
+}
+
+// readSelfRecord reads what holder k of lock name recorded about itself;
+// false if nothing that etcdlock run writes. For run's identity it asks
+// etcd's history whether k got the lock the moment it joined (one read).
+func readSelfRecord(ctx context.Context, cli *clientv3.Client, name string, k etcdlock.QueueKey) (selfRecord, bool) {
+	if rec, ok := parseRunRecord(k.Identity); ok {
+		r := selfRecord{Host: rec.Host, PID: rec.PID, Command: rec.Command, Queued: &rec.Queued}
+		if heldFromQueued(ctx, cli, name, k) {
+			r.HeldSince = r.Queued
+		}
+		return r, true
+	}
+	// Before WithIdentity, etcdlock run wrote its record, the value, once
+	// it held the lock.
+	var old holderRecord
+	if k.Identity == "" && k.Mode.Exclusive() && json.Unmarshal(k.Value, &old) == nil && !old.Since.IsZero() {
+		return selfRecord{Host: old.Host, PID: old.PID, Command: old.Command, HeldSince: &old.Since}, true
+	}
+	return selfRecord{}, false
+}
+
+// heldFromQueued reports whether holder k, which holds the lock of name,
+// has held it since it joined the queue: whether its key was admitted at
+// its create revision (then the queued time of its record is when the hold
+// began). One read of the queue at that revision; false if it waited, or
+// if etcd has compacted that revision or cannot be read.
+func heldFromQueued(ctx context.Context, cli *clientv3.Client, name string, k etcdlock.QueueKey) bool {
+	q, err := etcdlock.InspectLock(ctx, cli, name, etcdlock.AtRevision(k.Token), etcdlock.WithoutLeases())
+	if err != nil {
+		return false
+	}
+	for _, h := range q.Holders() {
+		if h.Key == k.Key && h.Token == k.Token {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"encoding/json"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// An etcdlock run that waited before it got the lock: status shows when it
+// joined the queue, as an upper bound of how long it holds, and who it is;
+// it does not pass the time it joined off as the start of the hold.
+func TestStatusHolderThatWaited(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	p1 := startProc(t, nil, "run", ep(), name, "--", "sh", "-c", `echo "started $ETCDLOCK_KEY"; cat >/dev/null`)
+	p1.stdout.waitFor(t, "started")
+	w := watchQueue(t, cli, name)
+	p2 := startProc(t, nil, "run", "--quiet", ep(), name, "--", "sh", "-c", `echo "started $ETCDLOCK_KEY"; cat >/dev/null`)
+	key2 := w.next(t)
+	p1.stdin.Close()
+	require.Equal(t, 0, p1.wait(t), p1.stderr.String())
+	require.Equal(t, key2, strings.Fields(p2.stdout.waitFor(t, "started"))[1])
+
+	r := runProc(t, nil, "status", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	t.Logf("status:\n%s", r.stdout)
+	require.Regexp(t, `\nheld since: unknown, at most \S+: the holder joined the queue at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \S+ by its clock, and etcd's history does not show it got the lock then\n`, r.stdout)
+	require.Regexp(t, `\nholder: etcdlock run running sh as pid `+strconv.Itoa(p2.cmd.Process.Pid)+` on \S+\n$`, r.stdout)
+
+	r = runProc(t, nil, "status", "--json", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Equal(t, key2, st.Holder.Key)
+	require.NotNil(t, st.Holder.QueuedAt)
+	require.Nil(t, st.Holder.HeldSince)
+	require.Equal(t, p2.cmd.Process.Pid, st.Holder.PID)
+	require.NotRegexp(t, regexp.MustCompile(`"held_since"`), r.stdout)
+
+	p2.stdin.Close()
+	require.Equal(t, 0, p2.wait(t), p2.stderr.String())
+}

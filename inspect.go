@@ -1,0 +1,338 @@
+package etcdlock
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// inspectPage is how many keys one range of InspectLock or ListLocks
+// reads; a variable so that tests can make queues span several pages.
+var inspectPage int64 = 512
+
+// leaseReads is how many LeaseTimeToLive RPCs InspectLock has in flight
+// at once.
+const leaseReads = 8
+
+// A QueueKey is one key of a lock's queue, as InspectLock and ListLocks
+// read it: a holder or a waiter.
+type QueueKey struct {
+	Key   string           // name/<lease ID in hex>, for every client this package knows of
+	Lease clientv3.LeaseID // the lease the key is bound to; 0 for a key put without one
+	Token int64            // the key's create revision: its place in line, and its fencing token
+	Mode  KeyMode          // ParseKeyMode of Value: exclusive for etcd's Mutex, `etcdctl lock` and elections
+	Holds bool             // whether it holds the lock (see Holders); else it waits
+	// Identity is the holder's description that WithIdentity put in the
+	// value; "" when there is none.
+	Identity string
+	// Value is the key's value as read: the mode line and identity, or an
+	// election candidate's proposal (the leader's is Value of the key that
+	// holds).
+	Value []byte
+
+	// TTL is what was left of the key's lease, in seconds (0: under a
+	// second), and GrantedTTL the TTL it was granted with, as etcd told
+	// them just after the queue was read. They are known only when
+	// LeaseErr is nil: LeaseErr says why not (the key has no lease; the
+	// lease had ended by then, matching rpctypes.ErrLeaseNotFound: the key
+	// has gone with it; the read failed, with its error; or the leases
+	// were not read, see InspectLock).
+	TTL, GrantedTTL int64
+	LeaseErr        error
+}
+
+// A LockQueue is a lock's queue at one etcd revision: its holders, then
+// its waiters, each in line order.
+type LockQueue struct {
+	Name     string
+	Revision int64      // the etcd revision at which every key was read
+	Keys     []QueueKey // oldest create revision first; holders first
+	holders  int
+}
+
+// Holders returns the keys that hold the lock: none when it is free, one
+// for a Mutex or an election (the leader), several when an RWMutex's
+// readers or a Semaphore's permits hold together.
+func (q *LockQueue) Holders() []QueueKey { return q.Keys[:q.holders] }
+
+// Waiters returns the keys that wait, next in line first.
+func (q *LockQueue) Waiters() []QueueKey { return q.Keys[q.holders:] }
+
+// errNoLease and errLeasesNotRead are a QueueKey's LeaseErr.
+var (
+	errNoLease       = errors.New("etcdlock: key has no lease")
+	errLeasesNotRead = errors.New("etcdlock: leases not read")
+)
+
+// inspectOptions holds InspectLock's settings; the zero value is the
+// default.
+type inspectOptions struct {
+	rev          int64
+	noLeases     bool
+	holdersOnly  bool // read only the holders' leases
+	serializable bool
+}
+
+// An InspectOption configures InspectLock.
+type InspectOption func(*inspectOptions)
+
+// AtRevision makes InspectLock read the queue as it was at etcd revision
+// rev, if etcd has not compacted it away, and not read the leases: what is
+// left of a lease now says nothing of then. Default (and rev 0): the
+// current revision.
+func AtRevision(rev int64) InspectOption {
+	return func(o *inspectOptions) { o.rev = max(rev, 0) }
+}
+
+// WithoutLeases makes InspectLock skip the leases' TTLs: it then costs
+// only the ranges that read the queue. Default: they are read.
+func WithoutLeases() InspectOption {
+	return func(o *inspectOptions) { o.noLeases = true }
+}
+
+// HolderLeasesOnly makes InspectLock read the TTLs of the holders' leases
+// only: a long queue then costs no RPC per waiter. Default: every lease.
+func HolderLeasesOnly() InspectOption {
+	return func(o *inspectOptions) { o.holdersOnly = true }
+}
+
+// Serializable lets the member InspectLock asks answer from its own copy,
+// without a round trip to the leader: cheaper, for a display polled over
+// and over, but the queue may be a little stale (it is still the queue at
+// one revision, Revision, of that member). Default: linearizable.
+func Serializable() InspectOption {
+	return func(o *inspectOptions) { o.serializable = true }
+}
+
+// InspectLock reads the queue of the lock called name through cli: who
+// holds it and who waits, in line order, with each key's mode, identity
+// and lease. It needs no Session and works on any name: locks and
+// elections of this package, etcd's concurrency.Mutex and Election,
+// `etcdctl lock` and `etcdctl elect`, which share its key layout. Only
+// direct children of name/ are in the queue: keys of nested locks
+// (name/sub/...) are not.
+//
+// It writes nothing and is a snapshot: every page of the queue is read at
+// the revision of the first (a linearizable read unless Serializable),
+// returned as Revision,
+// so a long queue that moves meanwhile is still shown as it was at one
+// moment. Which keys hold is etcdlock's grant rule (Holders) applied to
+// that snapshot. It costs one range per 512 keys, then one
+// LeaseTimeToLive per distinct lease, which tells the lease as it is a
+// moment later (a lease that ended meanwhile says so in LeaseErr).
+//
+// WithoutLeases and AtRevision leave the leases unread, and
+// HolderLeasesOnly the waiters' (LeaseErr says so). AtRevision reads an older queue; if etcd has compacted that
+// revision the error matches rpctypes.ErrCompacted. InspectLock returns
+// ErrInvalidName for an empty name or one longer than MaxNameLen, and
+// etcd's error if a read fails.
+func InspectLock(ctx context.Context, cli *clientv3.Client, name string, opts ...InspectOption) (*LockQueue, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	var o inspectOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	rev := o.rev
+	pfx := name + "/"
+	q := &LockQueue{Name: name, Revision: rev}
+	var from int64
+	for {
+		opts := []clientv3.OpOption{
+			clientv3.WithPrefix(),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend),
+			clientv3.WithLimit(inspectPage),
+		}
+		if o.serializable {
+			opts = append(opts, clientv3.WithSerializable())
+		}
+		if q.Revision > 0 {
+			// Later pages read at the first one's revision: the queue
+			// is the state at one revision.
+			opts = append(opts, clientv3.WithRev(q.Revision))
+		}
+		if from > 0 {
+			opts = append(opts, clientv3.WithMinCreateRev(from))
+		}
+		resp, err := cli.Get(ctx, pfx, opts...)
+		if err != nil {
+			return nil, err
+		}
+		if q.Revision == 0 {
+			// A read at a given revision answers with the current one
+			// in its header: keep the first.
+			q.Revision = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			from = kv.CreateRevision + 1
+			if isChild(pfx, kv.Key) {
+				q.Keys = append(q.Keys, queueKey(string(kv.Key), clientv3.LeaseID(kv.Lease), kv.CreateRevision, kv.Value))
+			}
+		}
+		if !resp.More {
+			break
+		}
+	}
+	q.holders = markHolders(q.Keys)
+	read := q.Keys
+	switch {
+	case o.noLeases || rev > 0:
+		read = nil
+	case o.holdersOnly:
+		read = q.Holders()
+	}
+	readLeaseTTLs(ctx, cli, read)
+	for i := len(read); i < len(q.Keys); i++ {
+		q.Keys[i].LeaseErr = errLeasesNotRead
+	}
+	return q, nil
+}
+
+// queueKey is the QueueKey of a key read, with its holds and lease yet
+// unknown.
+func queueKey(key string, lease clientv3.LeaseID, rev int64, value []byte) QueueKey {
+	return QueueKey{Key: key, Lease: lease, Token: rev, Mode: ParseKeyMode(value), Identity: identityOf(value), Value: value}
+}
+
+// markHolders sets Holds on the keys that hold (keys is a whole queue,
+// oldest first) and returns how many do.
+func markHolders(keys []QueueKey) int {
+	modes := make([]KeyMode, len(keys))
+	for i, k := range keys {
+		modes[i] = k.Mode
+	}
+	n := Holders(modes)
+	for i := range keys[:n] {
+		keys[i].Holds = true
+	}
+	return n
+}
+
+// readLeaseTTLs fills in the TTLs of keys' leases: one LeaseTimeToLive per
+// distinct lease, leaseReads at a time.
+func readLeaseTTLs(ctx context.Context, cli *clientv3.Client, keys []QueueKey) {
+	type ttl struct {
+		left, granted int64
+		err           error
+	}
+	ttls := map[clientv3.LeaseID]*ttl{} // each written before the goroutines start
+	for _, k := range keys {
+		if k.Lease != clientv3.NoLease && ttls[k.Lease] == nil {
+			ttls[k.Lease] = new(ttl)
+		}
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, leaseReads)
+	for id, t := range ttls {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			resp, err := cli.TimeToLive(ctx, id)
+			switch {
+			case err != nil:
+				t.err = err
+			case resp.TTL < 0:
+				t.err = errorf("%w: lease %x has ended since the queue was read", rpctypes.ErrLeaseNotFound, int64(id))
+			default:
+				t.left, t.granted = resp.TTL, resp.GrantedTTL
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range keys {
+		k := &keys[i]
+		if k.Lease == clientv3.NoLease {
+			k.LeaseErr = errNoLease
+			continue
+		}
+		t := ttls[k.Lease]
+		k.TTL, k.GrantedTTL, k.LeaseErr = t.left, t.granted, t.err
+	}
+}
+
+// A LockSummary is one lock of those ListLocks finds: who holds it and how
+// many wait.
+type LockSummary struct {
+	Name    string
+	Holders []QueueKey // oldest first; at least one
+	Waiters int
+}
+
+// A LockList is the locks under a prefix at one etcd revision.
+type LockList struct {
+	Revision int64         // the etcd revision at which every key was read
+	Locks    []LockSummary // sorted by name
+}
+
+// ListLocks lists every lock whose name starts with prefix and that has a
+// key, read through cli: the name, holders and number of waiters of each.
+// A key name/x (x with no "/") is a key of the lock name, as InspectLock
+// counts them, so a nested lock a/b is listed apart from a. It needs no
+// Session and writes nothing.
+//
+// Like InspectLock it is a snapshot: it pages through the prefix,
+// 512 keys a range, every page at the revision of the first
+// (a linearizable read), returned as Revision. The holders' leases are not
+// read (their LeaseErr says so); InspectLock reads them for one lock. Keys
+// under prefix that are no lock's key (no "/" after prefix, or ending in
+// "/") are skipped. It returns etcd's error if a read fails.
+func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockList, error) {
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	byName := map[string][]QueueKey{}
+	l := &LockList{}
+	from := prefix
+	if from == "" {
+		from = "\x00" // etcd has no empty key; every key is above this one
+	}
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(inspectPage)}
+		if l.Revision > 0 {
+			opts = append(opts, clientv3.WithRev(l.Revision))
+		}
+		resp, err := cli.Get(ctx, from, opts...)
+		if err != nil {
+			return nil, err
+		}
+		if l.Revision == 0 {
+			l.Revision = resp.Header.Revision // as in InspectLock
+		}
+		for _, kv := range resp.Kvs {
+			key := string(kv.Key)
+			i := strings.LastIndexByte(key, '/')
+			if i < len(prefix) || i == len(key)-1 || i == 0 {
+				continue
+			}
+			name := key[:i]
+			byName[name] = append(byName[name], queueKey(key, clientv3.LeaseID(kv.Lease), kv.CreateRevision, kv.Value))
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		// The next key after the last one read.
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	names := make([]string, 0, len(byName))
+	for name := range byName {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		keys := byName[name]
+		slices.SortFunc(keys, func(a, b QueueKey) int { return cmp.Compare(a.Token, b.Token) })
+		n := markHolders(keys)
+		for i := range keys {
+			keys[i].LeaseErr = errLeasesNotRead
+		}
+		l.Locks = append(l.Locks, LockSummary{Name: name, Holders: keys[:n:n], Waiters: len(keys) - n})
+	}
+	return l, nil
+}
