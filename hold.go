@@ -37,6 +37,9 @@ type hold struct {
 	goneMidUnlock bool  // the loss watch saw the hold end while an attempt was in flight, and stopped
 
 	ended bool // the hold has ended (done, if made, is closed); guarded by queue.mu
+	kind  Kind // as acquired, for Hooks; set only when the session has events
+
+	since time.Duration // monotime of the acquisition; set only when the session has events
 }
 
 // holdLimit is the lease of its own that WithMaxHold gives a hold's key.
@@ -226,10 +229,13 @@ func (q *queue) unlockSurely(ctx context.Context) error {
 func (q *queue) endHold(ctx context.Context, h *hold, err error) {
 	q.mu.Lock()
 	stop := h.stop
-	h.end(err)
+	ended := h.end(err)
 	q.mu.Unlock()
 	if stop != nil {
 		stop(ctx)
+	}
+	if ended {
+		q.reportEnd(h, err)
 	}
 }
 
@@ -237,35 +243,61 @@ func (q *queue) endHold(ctx context.Context, h *hold, err error) {
 // (see Unlock). Its stop is not called: the watch is the caller.
 func (q *queue) lose(h *hold, cause error) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if h.ended {
+		q.mu.Unlock()
 		return
 	}
+	var err error
 	switch {
 	case h.unlocking && h.sent:
 		// Unlock's answer tells what happened; should its RPC fail,
 		// Unlock ends the hold (see there).
 		h.goneMidUnlock = true
+		q.mu.Unlock()
 		return
 	case h.sent:
 		// Between Unlock attempts: an earlier one may have deleted the
 		// key. The hold has ended, not known to be lost.
-		h.end(nil)
-		return
+	default:
+		err = errorf("%w: %w", ErrLockLost, cause)
 	}
-	h.end(errorf("%w: %w", ErrLockLost, cause))
+	h.end(err)
+	q.mu.Unlock()
+	q.reportEnd(h, err)
 }
 
-// end ends h with err (nil: not lost), unless it has ended already.
-// Called with queue.mu held.
-func (h *hold) end(err error) {
+// end ends h with err (nil: not lost), unless it has ended already, and
+// reports whether it ended now: then the caller calls reportEnd, once it
+// has released queue.mu. Called with queue.mu held.
+func (h *hold) end(err error) bool {
 	if h.ended {
-		return
+		return false
 	}
 	h.ended, h.err = true, err
 	if h.done != nil {
 		close(h.done)
 	}
+	return true
+}
+
+// reportEnd tells the session's hooks and logger that h ended with err
+// (nil: released). Called once per hold, by whoever ended it, without
+// q.mu held: the hooks may call q's methods.
+func (q *queue) reportEnd(h *hold, err error) {
+	ev := q.s.ev
+	if ev == nil {
+		return
+	}
+	q.mu.Lock()
+	mode := h.mode
+	q.mu.Unlock()
+	ev.holdDone(HoldDoneInfo{
+		LockInfo: LockInfo{Kind: h.kind, Name: q.name, Mode: mode},
+		Token:    h.rev,
+		Held:     monotime() - h.since,
+		End:      q.s.holdEnd(err),
+		Err:      err,
+	})
 }
 
 // watchHold ends h when its key is deleted, its session ends or its max
@@ -359,13 +391,20 @@ func (q *queue) holdGone(ctx context.Context, h *hold) error {
 	sent := h.sent
 	q.mu.Unlock()
 	if sent {
-		return errorf("key %s was deleted", q.key)
+		return errorf("key %s was %w", q.key, errDeleted)
 	}
 	return q.keyGone(ctx, h.maxLease())
 }
 
-// errMaxHold is the cause of a loss by WithMaxHold.
-var errMaxHold = errors.New("max hold time passed")
+// Causes of a loss, told apart by HoldEnd.
+var (
+	// errMaxHold is the cause of a loss by WithMaxHold.
+	errMaxHold = errors.New("max hold time passed")
+	// errDeleted ends "key ... was deleted": someone deleted the key.
+	errDeleted = errors.New("deleted")
+	// errRevokedOrExpired ends "max hold lease ... was revoked or expired".
+	errRevokedOrExpired = errors.New("revoked or expired")
+)
 
 // limitHold re-attaches h's key to a lease of its own with the max hold
 // TTL, so that etcd ends the hold then even if this process hangs. A Put
