@@ -12,7 +12,7 @@ import (
 
 // Hooks are functions a Session calls on the events of its locks, its lease
 // and its own end, for metrics and tracing (see WithHooks; the Prometheus
-// adapter in the module github.com/etcdlock/etcdlock/prometheus is built on
+// adapter, module github.com/etcdlock/etcdlock/etcdlockprom, is built on
 // them). Every field is optional.
 //
 // Hooks is a struct of functions, like net/http/httptrace's ClientTrace,

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -556,4 +557,45 @@ func logLines(t *testing.T, logs *lockedBuffer, msg string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// BenchmarkHooks measures Lock then Unlock of an uncontended Mutex on the
+// shared one-member etcd, with no hooks ("unset") and with every hook set
+// to count into atomics ("hooks"). With -count the two alternate, round
+// after round; compare their medians:
+//
+//	go test -run '^$' -bench BenchmarkHooks -benchmem -count 10 .
+func BenchmarkHooks(b *testing.B) {
+	var n atomic.Int64
+	count := etcdlock.Hooks{
+		AcquireStart: func(etcdlock.AcquireStartInfo) { n.Add(1) },
+		AcquireDone:  func(i etcdlock.AcquireDoneInfo) { n.Add(int64(i.Waited)) },
+		HoldDone:     func(i etcdlock.HoldDoneInfo) { n.Add(int64(i.Held)) },
+		RenewDone:    func(etcdlock.RenewDoneInfo) { n.Add(1) },
+		SessionDone:  func(etcdlock.SessionDoneInfo) { n.Add(1) },
+	}
+	for _, c := range []struct {
+		name string
+		opts []etcdlock.SessionOption
+	}{
+		{"unset", nil},
+		{"hooks", []etcdlock.SessionOption{etcdlock.WithHooks(count)}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s, err := etcdlock.NewSession(cluster.Client(b), c.opts...)
+			require.NoError(b, err)
+			defer s.Close()
+			m := etcdlock.NewMutex(s, "bench/hooks/"+c.name)
+			ctx := b.Context()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := m.Lock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
