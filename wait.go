@@ -104,7 +104,9 @@ func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
 }
 
 // lockValue is lock with the key's value given: mode.value(), or an
-// election's proposal (whose mode, read back, is exclusive).
+// election's proposal (whose mode, read back, is exclusive). With the
+// session's events, it reports the acquisition (Hooks.AcquireStart and
+// AcquireDone) around take; without, it reads no clock.
 func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bool) error {
 	if err := q.validate(); err != nil {
 		return err
