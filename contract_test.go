@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -309,4 +310,91 @@ func TestContractHolderDiesHandsOver(t *testing.T) {
 		require.ErrorIs(t, h.Unlock(t.Context()), etcdlock.ErrLockLost)
 		require.NoError(t, w.Unlock(t.Context()))
 	})
+}
+
+// A fifoKey is one key of a FIFO test's queue.
+type fifoKey struct {
+	l locker
+	w *qwaiter // its waiting call; nil for the first holder
+}
+
+// checkFIFO drains a queue and checks it is first come, first served. qs
+// is the queue in key creation order: qs[0] holds, every other one waits
+// in qs[i].w. Releasing one holder at a time (the one pick chooses, given
+// the indices of the holders), it waits after each release for the holds
+// admitted then, which must be the first admits(rest) of the keys still
+// in the queue (the test's own statement of the grant rule) and exactly
+// those etcdlock.Holders finds in etcd; then it checks every pair of a
+// holder and a waiter: the holder is ahead in the queue, and the waiter's
+// call has not returned. At the end every pair of keys was admitted in
+// queue order (the later one at the same release or after), and tokens,
+// each its key's create revision, strictly increase along the queue.
+func checkFIFO(t *testing.T, cli *clientv3.Client, name string, qs []fifoKey, admits func(rest []int) int, pick func(held []int) int) {
+	t.Helper()
+	pos := make(map[string]int, len(qs))
+	for i, q := range qs {
+		pos[q.l.Key()] = i
+	}
+	step := make([]int, len(qs)) // the release after which each was admitted; -1 while it waits
+	tokens := make([]int64, len(qs))
+	admitted := func(j, s int) {
+		t.Helper()
+		step[j], tokens[j] = s, qs[j].l.Token()
+		resp, err := cli.Get(t.Context(), qs[j].l.Key())
+		require.NoError(t, err)
+		require.Equal(t, resp.Kvs[0].CreateRevision, tokens[j], "key %d's token", j)
+	}
+	for i := range step {
+		step[i] = -1
+	}
+	admitted(0, 0)
+	held, rest := []int{0}, make([]int, len(qs)) // rest: indices not released, queue order
+	for i := range rest {
+		rest[i] = i
+	}
+	for s := 1; len(held) > 0; s++ {
+		k := pick(held)
+		i := held[k]
+		require.NoError(t, qs[i].l.Unlock(t.Context()), "release %d", i)
+		held = slices.Delete(held, k, k+1)
+		rest = slices.DeleteFunc(rest, func(j int) bool { return j == i })
+
+		want := rest[:admits(rest)]
+		got := holding(t, cli, name)
+		require.Len(t, got, len(want), "holders after release %d", s)
+		for n, j := range want {
+			require.Equal(t, qs[j].l.Key(), got[n], "holder %d after release %d", n, s)
+			if step[j] < 0 {
+				require.NoError(t, qs[j].w.result(t, 10*time.Second), "key %d", j)
+				admitted(j, s)
+				held = append(held, j)
+			}
+		}
+		require.Len(t, held, len(want))
+		for _, j := range rest[len(want):] {
+			qs[j].w.assertWaiting(t)
+			for _, h := range held {
+				require.Less(t, h, j, "holder %d is behind waiter %d", h, j)
+			}
+		}
+	}
+	require.Empty(t, rest)
+	for i := range qs {
+		for j := i + 1; j < len(qs); j++ {
+			require.LessOrEqual(t, step[i], step[j], "key %d admitted before key %d ahead of it", j, i)
+			require.Less(t, tokens[i], tokens[j], "tokens of keys %d and %d", i, j)
+		}
+	}
+	require.Empty(t, keys(t, cli, name))
+}
+
+// spreadClients returns n clients of c, each on one member in turn: a
+// queue of a multi-member cluster then has waiters on every member.
+func spreadClients(t *testing.T, c *etcdtest.Cluster, n int) []*clientv3.Client {
+	t.Helper()
+	clis := make([]*clientv3.Client, n)
+	for i := range clis {
+		clis[i] = c.Client(t, clientv3.Config{Endpoints: []string{c.Endpoint(i % c.Size())}})
+	}
+	return clis
 }

@@ -84,76 +84,48 @@ func TestRWMutexUncontendedIsTwoRPCs(t *testing.T) {
 	require.EqualValues(t, 2, rpcs.Total()-before, "Lock+Unlock")
 }
 
-// TestRWMutexFIFO: readers and writers in a random pattern are admitted
-// group by group in queue order: all readers between two writers at once,
-// each writer alone. Each waiter watches exactly its rule's blocker, and
-// nobody behind the admitted returns.
+// TestRWMutexFIFO: readers and writers in a random pattern, waiting on
+// three clients, are admitted in queue order (checkFIFO): all readers
+// between two writers at once, each writer alone, whatever order the
+// holders release in. Each waiter watches exactly its rule's blocker.
 func TestRWMutexFIFO(t *testing.T) {
-	const n = 60
-	cli := newClient(t)
-	clis := []*clientv3.Client{cli, newClient(t), newClient(t)}
+	testRWFIFO(t, cluster, 120)
+}
+
+func testRWFIFO(t *testing.T, c *etcdtest.Cluster, n int) {
+	clis := spreadClients(t, c, 3)
 	name := lockName(t)
 	rng := rand.New(rand.NewSource(3))
 
-	holder := etcdlock.NewRWMutex(newSession(t, cli), name)
+	holder := etcdlock.NewRWMutex(newSession(t, clis[0]), name)
 	require.NoError(t, holder.Lock(t.Context()))
-	type q struct {
-		m      *etcdlock.RWMutex
-		w      *qwaiter
-		reader bool
-	}
-	all := []q{{m: holder}}
+	qs := []fifoKey{{l: holder}}
+	readers := []bool{false}
 	lastWriter := holder.Key()
 	for i := range n {
 		m := etcdlock.NewRWMutex(newSession(t, clis[i%len(clis)]), name)
-		e := q{m: m, reader: rng.Intn(3) != 0}
-		want := all[len(all)-1].m.Key() // a writer: the key just ahead
-		if e.reader {
-			e.w, want = rlocker(t.Context(), m), lastWriter
+		reader := rng.Intn(3) != 0
+		q, want := fifoKey{l: m}, qs[len(qs)-1].l.Key() // a writer: the key just ahead
+		if reader {
+			q.l, q.w, want = rwRead{m}, rlocker(t.Context(), m), lastWriter
 		} else {
-			e.w, lastWriter = wlocker(t.Context(), m), m.Key()
+			q.w, lastWriter = wlocker(t.Context(), m), m.Key()
 		}
-		require.Equal(t, []string{want}, e.w.waitIdle(t), "waiter %d (reader %v)", i, e.reader)
-		all = append(all, e)
+		require.Equal(t, []string{want}, q.w.waitIdle(t), "waiter %d (reader %v)", i, reader)
+		qs, readers = append(qs, q), append(readers, reader)
 	}
-
-	held := []q{all[0]}
-	next := 1
-	lastToken := holder.Token()
-	for len(held) > 0 {
-		for _, h := range held {
-			if h.reader {
-				require.NoError(t, h.m.RUnlock(t.Context()))
-			} else {
-				require.NoError(t, h.m.Unlock(t.Context()))
-			}
+	// One writer holds, or the readers up to the next writer.
+	admits := func(rest []int) int {
+		if len(rest) == 0 || !readers[rest[0]] {
+			return min(len(rest), 1)
 		}
-		// The next group: one writer, or the readers up to the next writer.
-		held = nil
-		for next < len(all) && (len(held) == 0 || (held[0].reader && all[next].reader)) {
-			held = append(held, all[next])
-			next++
+		n := 0
+		for n < len(rest) && readers[rest[n]] {
+			n++
 		}
-		var want []string
-		for _, h := range held {
-			require.NoError(t, h.w.result(t, 10*time.Second))
-			require.Greater(t, h.m.Token(), lastToken, "tokens increase along the queue")
-			want = append(want, h.m.Key())
-		}
-		if len(held) > 0 {
-			lastToken = held[len(held)-1].m.Token()
-		}
-		ks := holding(t, cli, name)
-		if len(want) == 0 {
-			require.Empty(t, ks)
-		} else {
-			require.Equal(t, want, ks)
-		}
-		for _, later := range all[next:] {
-			later.w.assertWaiting(t)
-		}
+		return n
 	}
-	require.Empty(t, keys(t, cli, name))
+	checkFIFO(t, clis[0], name, qs, admits, func(held []int) int { return rng.Intn(len(held)) })
 }
 
 // TestRWMutexReleaseWakes: a writer's release wakes exactly the holds it
@@ -232,6 +204,30 @@ func TestRWMutexReleaseWakes(t *testing.T) {
 	requireWoken(before, snapshot(), 4, 5, 6) // 4: its own Unlock
 	require.NoError(t, ms[5].RUnlock(t.Context()))
 	require.NoError(t, ms[6].RUnlock(t.Context()))
+}
+
+// TestRWMutexReaderKeyGoneWithWriter: a reader whose key goes in the same
+// revision as the writer it waits for is not admitted without its key,
+// whichever of the two deletions it sees first (a release that admits it
+// is confirmed with a read of its own key).
+func TestRWMutexReaderKeyGoneWithWriter(t *testing.T) {
+	cli := newClient(t)
+	name := lockName(t)
+	w := etcdlock.NewRWMutex(newSession(t, cli), name)
+	require.NoError(t, w.Lock(t.Context()))
+	for range 5 {
+		r := etcdlock.NewRWMutex(newSession(t, cli), name)
+		q := rlocker(t.Context(), r)
+		require.Equal(t, []string{w.Key()}, q.waitIdle(t))
+		_, err := cli.Txn(t.Context()).Then(clientv3.OpDelete(r.Key()), clientv3.OpDelete(w.Key())).Commit()
+		require.NoError(t, err)
+		require.ErrorIs(t, q.result(t, 10*time.Second), etcdlock.ErrLockLost)
+		require.Zero(t, r.Token())
+		require.Empty(t, keys(t, cli, name))
+		require.ErrorIs(t, w.Unlock(t.Context()), etcdlock.ErrLockLost)
+		require.NoError(t, w.Lock(t.Context()))
+	}
+	require.NoError(t, w.Unlock(t.Context()))
 }
 
 // TestRWMutexWaiterLeaseRevoked guards against etcd issue 16221: in etcd's
@@ -476,7 +472,9 @@ func TestRWMutexThreeMembers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-member cluster")
 	}
-	testRWContention(t, etcdtest.Start(t, 3), 4, 2, 5)
+	c := etcdtest.Start(t, 3)
+	t.Run("Contention", func(t *testing.T) { testRWContention(t, c, 4, 2, 5) })
+	t.Run("FIFO", func(t *testing.T) { testRWFIFO(t, c, 100) })
 }
 
 // TestRWMutexMaxHoldKeepsMode: WithMaxHold re-binds the key to its own

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,74 +112,50 @@ func TestSemaphoreHeadOfLine(t *testing.T) {
 	require.NoError(t, c.Release(t.Context()))
 }
 
-// TestSemaphoreFIFO: waiters of random weights are admitted in queue
-// order, each watching exactly its window, whatever order holders
-// release in; nobody behind the admitted returns.
+// TestSemaphoreFIFO: waiters of random weights, on three clients, are
+// admitted in queue order (checkFIFO), each watching exactly its window,
+// whatever order holders release in.
 func TestSemaphoreFIFO(t *testing.T) {
-	const n, capacity = 60, 4
-	cli := newClient(t)
-	clis := []*clientv3.Client{cli, newClient(t), newClient(t)}
+	testSemFIFO(t, cluster, 120)
+}
+
+func testSemFIFO(t *testing.T, c *etcdtest.Cluster, n int) {
+	const capacity = 4
+	clis := spreadClients(t, c, 3)
 	name := lockName(t)
 	rng := rand.New(rand.NewSource(7))
 
-	holder := etcdlock.NewSemaphore(newSession(t, cli), name, capacity)
+	holder := etcdlock.NewSemaphore(newSession(t, clis[0]), name, capacity)
 	require.NoError(t, holder.Acquire(t.Context(), capacity))
-	type q struct {
-		sem *etcdlock.Semaphore
-		w   *qwaiter
-	}
-	all := []q{{sem: holder}}
+	qs := []fifoKey{{l: semN{holder, capacity}}}
+	weights := []int64{capacity}
 	for i := range n {
 		sem := etcdlock.NewSemaphore(newSession(t, clis[i%len(clis)]), name, capacity)
-		w := semWaiter(t.Context(), sem, 1+rng.Int63n(3))
-		got := w.waitIdle(t)
-		ks, ms := modes(t, cli, name)
+		w := 1 + rng.Int63n(3)
+		q := fifoKey{semN{sem, w}, semWaiter(t.Context(), sem, w)}
+		got := q.w.waitIdle(t)
+		ks, ms := modes(t, clis[0], name)
 		require.Equal(t, sem.Key(), ks[len(ks)-1])
 		require.Equal(t, window(ks, ms, len(ks)-1), got, "waiter %d watches its window", i)
-		all = append(all, q{sem, w})
+		qs, weights = append(qs, q), append(weights, w)
 	}
-
-	held := map[string]bool{holder.Key(): true}
-	byKey := map[string]q{}
-	for _, e := range all {
-		byKey[e.sem.Key()] = e
-	}
-	lastToken := holder.Token()
-	for len(held) > 0 {
-		// Release a random holder.
-		var hs []string
-		for k := range held {
-			hs = append(hs, k)
-		}
-		slices.Sort(hs)
-		k := hs[rng.Intn(len(hs))]
-		require.NoError(t, byKey[k].sem.Release(t.Context()))
-		delete(held, k)
-		now := holding(t, cli, name)
-		for _, hk := range now {
-			if held[hk] {
-				continue
-			}
-			e := byKey[hk]
-			require.NoError(t, e.w.result(t, 10*time.Second))
-			require.Greater(t, e.sem.Token(), lastToken, "admitted in queue order")
-			lastToken = e.sem.Token()
-			held[hk] = true
-		}
-		require.Len(t, held, len(now))
-		for _, e := range all[1:] {
-			if !held[e.sem.Key()] && e.sem.Token() == 0 {
-				e.w.assertWaiting(t)
+	// The longest prefix whose weights fit.
+	admits := func(rest []int) int {
+		var sum int64
+		for n, j := range rest {
+			if sum += weights[j]; sum > capacity {
+				return n
 			}
 		}
+		return len(rest)
 	}
-	require.Empty(t, keys(t, cli, name))
+	checkFIFO(t, clis[0], name, qs, admits, func(held []int) int { return rng.Intn(len(held)) })
 }
 
 // TestSemaphoreWakes: who a release wakes. Releasing the oldest holder
 // wakes exactly the waiter it admits. Releasing another wakes the waiters
 // whose windows hold it: at most the capacity, here 4 of which 3 stay out.
-// "The admitted plus at most one" cannot be had for a capacity of 4 or
+// "The admitted plus at most one" cannot be had for a capacity of 3 or
 // more without extra writes (see the README's Semaphore section); this is
 // the bound we give.
 func TestSemaphoreWakes(t *testing.T) {
@@ -454,7 +429,9 @@ func TestSemaphoreThreeMembers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-member cluster")
 	}
-	testSemContention(t, etcdtest.Start(t, 3), 6, 5, 3)
+	c := etcdtest.Start(t, 3)
+	t.Run("Contention", func(t *testing.T) { testSemContention(t, c, 6, 5, 3) })
+	t.Run("FIFO", func(t *testing.T) { testSemFIFO(t, c, 100) })
 }
 
 func testSemContention(t *testing.T, c *etcdtest.Cluster, contenders, rounds int, capacity int64) {

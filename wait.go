@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -273,12 +274,12 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int6
 		return 0, nil, q.fail(ctx, rev, err)
 	}
 	me := entry{key: q.key, rev: rev, mode: mode}
-	blockers, _, hdr, err := q.scan(ctx, me, page, resp.Header)
+	blockers, freeing, _, hdr, err := q.scan(ctx, me, page, resp.Header)
 	if err != nil {
 		return 0, nil, q.fail(ctx, rev, err)
 	}
 	if len(blockers) > 0 {
-		if hdr, err = q.wait(ctx, me, blockers, hdr.Revision); err != nil {
+		if hdr, err = q.wait(ctx, me, blockers, freeing, hdr.Revision); err != nil {
 			return 0, nil, q.fail(ctx, rev, err)
 		}
 	}
@@ -427,10 +428,12 @@ func isChild(pfx string, key []byte) bool {
 // with page r, which the round trip that put or checked the key has
 // already read, and reads further pages only while me's rule finds no
 // blockers. It returns the blockers (none: me is admitted) and the header
-// of the last response read. When me.rev is 0 it also returns this
-// session's own key if it read it (a key left by a cleanup that could not
-// reach etcd).
-func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb.ResponseHeader) (blockers []entry, own *mvccpb.KeyValue, _ *pb.ResponseHeader, err error) {
+// of the last response read. When the pages read hold every key ahead, it
+// also returns freeing: the keys of the blockers whose deletion alone
+// admits me, so that a waiter learns it is in without reading the queue
+// again (recheck). When me.rev is 0 it also returns this session's own key
+// if it read it (a key left by a cleanup that could not reach etcd).
+func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb.ResponseHeader) (blockers []entry, freeing []string, own *mvccpb.KeyValue, _ *pb.ResponseHeader, err error) {
 	admit := me.mode.rule()
 	var ahead []entry
 	for {
@@ -448,10 +451,13 @@ func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb
 			}
 		}
 		if b := admit(me, ahead); len(b) > 0 {
-			return b, own, hdr, nil
+			if !r.More && len(b) <= maxWatched {
+				freeing = freeingOf(me, ahead, b)
+			}
+			return b, freeing, own, hdr, nil
 		}
 		if !r.More {
-			return nil, own, hdr, nil
+			return nil, nil, own, hdr, nil
 		}
 		// The page held only newer keys, nested locks' keys, or keys that
 		// do not keep me out: read on. A key created since cannot be ahead
@@ -459,7 +465,7 @@ func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb
 		// revision.
 		resp, err := q.s.cli.Get(ctx, q.pfx, queueOpts(me.mode, clientv3.SortDescend, low-1, 0, true)...)
 		if err != nil {
-			return nil, nil, nil, q.rpcErr(err)
+			return nil, nil, nil, nil, q.rpcErr(err)
 		}
 		r, hdr = (*pb.RangeResponse)(resp), resp.Header
 	}
@@ -491,7 +497,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			// could not reach etcd: judge it at its place.
 			me.rev = own.CreateRevision
 		}
-		blockers, _, hdr, err := q.scan(ctx, me, r, hdr)
+		blockers, _, _, hdr, err := q.scan(ctx, me, r, hdr)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -766,7 +772,8 @@ func (q *queue) rpcErr(err error) error {
 var errWatchBroken = errors.New("etcdlock: watch broken")
 
 // wait blocks until me's rule admits it, that is until this queue holds.
-// blockers are what kept me out at readRev. It returns the header of the
+// blockers are what kept me out at readRev, and freeing those whose
+// deletion alone admits me (see scan). It returns the header of the
 // response that showed the hold was admitted.
 //
 // The waiter watches only its blockers, not the whole prefix: for a Mutex
@@ -777,11 +784,11 @@ var errWatchBroken = errors.New("etcdlock: watch broken")
 // revoked, while its blockers still hold (etcd's Mutex only notices when
 // every earlier key is gone: etcd issue 19597; its RWMutex recipe then even
 // acquires without a key: etcd issue 16221).
-func (q *queue) wait(ctx context.Context, me entry, blockers []entry, readRev int64) (*pb.ResponseHeader, error) {
+func (q *queue) wait(ctx context.Context, me entry, blockers []entry, freeing []string, readRev int64) (*pb.ResponseHeader, error) {
 	backoff := minBackoff
 	for {
 		started := time.Now()
-		hdr, err := q.watchTurn(ctx, me, blockers, readRev)
+		hdr, err := q.watchTurn(ctx, me, blockers, freeing, readRev)
 		if !q.retryable(ctx, err) {
 			return hdr, err
 		}
@@ -798,7 +805,7 @@ func (q *queue) wait(ctx context.Context, me entry, blockers []entry, readRev in
 			if !pause(ctx, &backoff) {
 				return nil, ctx.Err()
 			}
-			hdr, blockers, err = q.check(ctx, me, 0)
+			hdr, blockers, freeing, err = q.check(ctx, me, 0)
 			if err == nil {
 				break
 			}
@@ -875,9 +882,10 @@ func (q *queue) watched(blockers []entry) []string {
 	return keys
 }
 
-// watchTurn waits until me's rule admits it, starting from blockers seen
-// at readRev. It returns errWatchBroken when a watch fails.
-func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, readRev int64) (*pb.ResponseHeader, error) {
+// watchTurn waits until me's rule admits it, starting from blockers (and
+// freeing, see wait) seen at readRev. It returns errWatchBroken when a watch
+// fails.
+func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freeing []string, readRev int64) (*pb.ResponseHeader, error) {
 	// WithRequireLeader: a member cut off from the leader cancels the watch
 	// rather than leaving it silent while the lock moves on elsewhere.
 	// Each watch has a context of its own (no common one: a waiter is
@@ -912,11 +920,11 @@ func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, readR
 		// and only when the gap is not empty. A watch kept from before has
 		// run since before readRev: it leaves no gap.
 		if watchedFrom > readRev {
-			hdr, next, err := q.check(ctx, me, watchedFrom)
+			hdr, next, nextFreeing, err := q.check(ctx, me, watchedFrom)
 			if err != nil || len(next) == 0 {
 				return hdr, err
 			}
-			readRev = hdr.Revision
+			readRev, freeing = hdr.Revision, nextFreeing
 			if !sameKeys(q.watched(next), keys) {
 				blockers = next
 				continue
@@ -926,18 +934,15 @@ func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, readR
 		if q.testHookWait != nil {
 			q.testHookWait(keys)
 		}
-		at, err := q.waitDelete(ctx, me, own, watches, readRev)
+		at, gone, err := q.waitDelete(ctx, me, own, watches, readRev)
 		if err != nil {
 			return nil, err
 		}
-		// A blocker is gone (released, expired, or left the queue). One
-		// round trip checks that our key is still ours and finds what, if
-		// anything, keeps us out now.
-		hdr, next, err := q.check(ctx, me, at)
+		hdr, next, nextFreeing, err := q.recheck(ctx, me, freeing, gone, at)
 		if err != nil || len(next) == 0 {
 			return hdr, err
 		}
-		blockers, readRev, watchedFrom = next, hdr.Revision, 0
+		blockers, freeing, readRev, watchedFrom = next, nextFreeing, hdr.Revision, 0
 	}
 }
 
@@ -1017,10 +1022,10 @@ func (q *queue) openWatch(ctx context.Context, key string) (clientv3.WatchChan, 
 }
 
 // waitDelete returns the revision of the first deletion of a blocker (or
-// change of its mode) seen after readRev, when all were seen alive. It
-// returns lostWhileWaiting's error when own (the waiter's own key) is
-// deleted.
-func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan, watches map[string]*blockerWatch, readRev int64) (int64, error) {
+// change of its mode) seen after readRev, when all were seen alive, and the
+// key deleted ("" for a change of mode). It returns lostWhileWaiting's
+// error when own (the waiter's own key) is deleted.
+func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan, watches map[string]*blockerWatch, readRev int64) (int64, string, error) {
 	// The common case, a Mutex's single blocker, needs no reflection.
 	var cases []reflect.SelectCase
 	var keys []string
@@ -1048,12 +1053,12 @@ func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan
 			case wr, ok = <-one.ch:
 				key = one.key
 			case <-ctx.Done():
-				return 0, ctx.Err()
+				return 0, "", ctx.Err()
 			}
 		} else {
 			i, v, recvOK := reflect.Select(cases)
 			if i == 0 {
-				return 0, ctx.Err()
+				return 0, "", ctx.Err()
 			}
 			ok = recvOK
 			if recvOK {
@@ -1064,7 +1069,7 @@ func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan
 			}
 		}
 		if !ok || wr.Err() != nil {
-			return 0, q.watchErr(ctx, wr)
+			return 0, "", q.watchErr(ctx, wr)
 		}
 		for _, ev := range wr.Events {
 			// A watch from "now" starts at the serving member's revision,
@@ -1077,19 +1082,19 @@ func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan
 				// Only a reader sees Puts: a Downgrade changes the mode;
 				// WithMaxHold's re-binding and a holder's record do not.
 				if key != "" && key != q.pfx && ParseKeyMode(ev.Kv.Value) != watches[key].mode {
-					return ev.Kv.ModRevision, nil
+					return ev.Kv.ModRevision, "", nil
 				}
 				continue
 			}
 			switch {
 			case key == "":
-				return 0, q.lostWhileWaiting(ctx)
+				return 0, "", q.lostWhileWaiting(ctx)
 			case key != q.pfx:
-				return ev.Kv.ModRevision, nil
+				return ev.Kv.ModRevision, key, nil
 			case !q.isChild(ev.Kv.Key):
 			case ev.PrevKv == nil || ev.PrevKv.CreateRevision < me.rev:
 				// A key ahead went (or one we cannot tell: look).
-				return ev.Kv.ModRevision, nil
+				return ev.Kv.ModRevision, string(ev.Kv.Key), nil
 			}
 		}
 	}
@@ -1114,30 +1119,109 @@ func (q *queue) watchErr(ctx context.Context, wr clientv3.WatchResponse) error {
 // state (a serializable read, no round trip to the leader) whenever it has
 // applied minRev; a member that lags is asked again linearizably. With
 // minRev 0 the read is linearizable at once.
-func (q *queue) check(ctx context.Context, me entry, minRev int64) (*pb.ResponseHeader, []entry, error) {
+//
+// It is not inlined, nor are confirm and read, so that their locals stay
+// out of watchTurn's stack frame while the waiter waits (see place).
+//
+//go:noinline
+func (q *queue) check(ctx context.Context, me entry, minRev int64) (_ *pb.ResponseHeader, blockers []entry, freeing []string, _ error) {
+	resp, err := q.read(ctx, me, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
+		return q.opQueue(me.mode, me.rev-1, opts...)
+	})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	blockers, freeing, _, hdr, err := q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
+	return hdr, blockers, freeing, err
+}
+
+// recheck is check after the deletion of the blocker gone ("" for a
+// change of mode) at revision at. freeing are the blockers whose deletion
+// alone admits me (see scan).
+//
+//go:noinline
+func (q *queue) recheck(ctx context.Context, me entry, freeing []string, gone string, at int64) (_ *pb.ResponseHeader, blockers []entry, _ []string, _ error) {
+	// Every key ahead was read, and the rule admits me behind them without
+	// gone: I am in, as keys ahead only leave (new ones join behind) and
+	// none changes its mode but by a Downgrade, which admits more. One
+	// round trip then only checks that my key is still mine, and reads no
+	// queue: readers admitted together by a writer's release each read
+	// one key, not the queue.
+	if gone != "" && slices.Contains(freeing, gone) {
+		hdr, err := q.confirm(ctx, me, at)
+		return hdr, nil, nil, err
+	}
+	// Otherwise one round trip checks that my key is still mine and finds
+	// what, if anything, keeps me out now.
+	return q.check(ctx, me, at)
+}
+
+// confirm is check for a waiter known to be admitted if its key is still
+// its own: one round trip reads that key's count only. It returns the
+// header of the response that showed it.
+//
+//go:noinline
+func (q *queue) confirm(ctx context.Context, me entry, minRev int64) (*pb.ResponseHeader, error) {
+	resp, err := q.read(ctx, me, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
+		return clientv3.OpGet(q.key, append(opts, clientv3.WithCountOnly())...)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Header, nil
+}
+
+// read runs op (a range, given extra options) in a Txn that succeeds only
+// while my key is still mine, as of minRev or later (see check). It returns
+// lostWhileWaiting's error when the key is gone.
+//
+//go:noinline
+func (q *queue) read(ctx context.Context, me entry, minRev int64, op func(...clientv3.OpOption) clientv3.Op) (*clientv3.TxnResponse, error) {
 	cmp := clientv3.Compare(clientv3.CreateRevision(q.key), "=", me.rev)
 	var resp *clientv3.TxnResponse
 	if minRev > 0 {
-		r, err := q.s.cli.Txn(ctx).If(cmp).Then(q.opQueue(me.mode, me.rev-1, clientv3.WithSerializable())).Commit()
+		r, err := q.s.cli.Txn(ctx).If(cmp).Then(op(clientv3.WithSerializable())).Commit()
 		if err != nil {
-			return nil, nil, q.rpcErr(err)
+			return nil, q.rpcErr(err)
 		}
 		if r.Header.Revision >= minRev {
 			resp = r
 		}
 	}
 	if resp == nil {
-		r, err := q.s.cli.Txn(ctx).If(cmp).Then(q.opQueue(me.mode, me.rev-1)).Commit()
+		r, err := q.s.cli.Txn(ctx).If(cmp).Then(op()).Commit()
 		if err != nil {
-			return nil, nil, q.rpcErr(err)
+			return nil, q.rpcErr(err)
 		}
 		resp = r
 	}
 	if !resp.Succeeded {
-		return nil, nil, q.lostWhileWaiting(ctx)
+		return nil, q.lostWhileWaiting(ctx)
 	}
-	blockers, _, hdr, err := q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
-	return hdr, blockers, err
+	return resp, nil
+}
+
+// freeingOf returns the keys of those of me's blockers whose deletion alone
+// admits me, given every key ahead of me (newest first).
+func freeingOf(me entry, ahead, blockers []entry) []string {
+	var freeing []string
+	for _, b := range blockers {
+		if len(me.mode.rule()(me, without(ahead, b.key))) == 0 {
+			freeing = append(freeing, b.key)
+		}
+	}
+	return freeing
+}
+
+// without returns a copy of ahead without the key gone.
+func without(ahead []entry, gone string) []entry {
+	rest := make([]entry, 0, len(ahead))
+	for _, e := range ahead {
+		if e.key != gone {
+			rest = append(rest, e)
+		}
+	}
+	return rest
 }
 
 // lostWhileWaiting says why a waiter's key disappeared: ErrSessionExpired if

@@ -167,6 +167,22 @@ func (m semMutex) TryLock(ctx context.Context) error {
 	return lockedErr(s.TryAcquire(ctx, m.n), etcdlock.ErrLocked)
 }
 
+// rwWriter is an RWMutex's write lock used as a Mutex, and rwReader its
+// read lock, for the harness of the FIFO scenarios. Neither has TryLock.
+type (
+	rwWriter struct{ m RWMutex }
+	rwReader struct{ m RWMutex }
+)
+
+var errNoTryLock = errors.New("bench: no TryLock on an RWMutex used as a Mutex")
+
+func (l rwWriter) Lock(ctx context.Context) error   { return l.m.Lock(ctx) }
+func (l rwWriter) Unlock(ctx context.Context) error { return l.m.Unlock(ctx) }
+func (rwWriter) TryLock(context.Context) error      { return errNoTryLock }
+func (l rwReader) Lock(ctx context.Context) error   { return l.m.RLock(ctx) }
+func (l rwReader) Unlock(ctx context.Context) error { return l.m.RUnlock(ctx) }
+func (rwReader) TryLock(context.Context) error      { return errNoTryLock }
+
 type etcdMutex struct{ *concurrency.Mutex }
 
 func (m etcdMutex) TryLock(ctx context.Context) error {

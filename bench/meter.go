@@ -33,6 +33,9 @@ type Result struct {
 	// it cannot be read: off Linux). It counts in 10ms ticks: meaningful
 	// for windows of seconds (the queues), not for short ones.
 	ServerCPU time.Duration
+	// ClientCPU is the CPU time of this process (the clients), 0 where it
+	// cannot be read.
+	ClientCPU time.Duration
 
 	// Queue is set by the FIFO scenarios: the cost of the waiting Mutexes.
 	Queue *QueueCost
@@ -73,6 +76,7 @@ func (r Result) Add(o Result) Result {
 		Allocs:     r.Allocs + o.Allocs,
 		AllocBytes: r.AllocBytes + o.AllocBytes,
 		ServerCPU:  r.ServerCPU + o.ServerCPU,
+		ClientCPU:  r.ClientCPU + o.ClientCPU,
 		Queue:      r.Queue,
 	}
 	switch {
@@ -118,6 +122,12 @@ func (r Result) AllocsPerOp() float64 { return r.PerOp(float64(r.Allocs)) }
 // BytesPerOp returns the process's bytes allocated per operation.
 func (r Result) BytesPerOp() float64 { return r.PerOp(float64(r.AllocBytes)) }
 
+// ServerCPUPerOp and ClientCPUPerOp return the CPU time, in nanoseconds,
+// that the etcd members and the clients used per operation.
+func (r Result) ServerCPUPerOp() float64 { return r.PerOp(float64(r.ServerCPU)) }
+
+func (r Result) ClientCPUPerOp() float64 { return r.PerOp(float64(r.ClientCPU)) }
+
 // ServerMicrosPerOp returns the members' CPU time per operation, in µs.
 func (r Result) ServerMicrosPerOp() float64 {
 	return r.PerOp(float64(r.ServerCPU) / float64(time.Microsecond))
@@ -139,6 +149,7 @@ type meter struct {
 	rev0   int64
 	alloc0 runtime.MemStats
 	cpu0   time.Duration // members' CPU time; < 0 when it cannot be read
+	cli0   time.Duration // this process's CPU time; < 0 when it cannot be read
 }
 
 func newMeter(env *Env, rpcs *rpcCount, timer Timer) *meter {
@@ -147,14 +158,25 @@ func newMeter(env *Env, rpcs *rpcCount, timer Timer) *meter {
 
 // start opens a window. The revision is read before the clock starts.
 func (m *meter) start(ctx context.Context) error {
+	return m.startAfter(ctx, func() error { return nil })
+}
+
+// startAfter opens a window once fn has returned: the revisions fn
+// consumes count, its time, RPCs and allocations do not. The revision is
+// read before fn runs, so that no RPC sits between fn's return and the
+// clock's start.
+func (m *meter) startAfter(ctx context.Context, fn func() error) error {
 	rev, err := m.env.revision(ctx)
 	if err != nil {
+		return err
+	}
+	if err := fn(); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rev0 = rev
-	m.cpu0 = readServerCPU(m.env)
+	m.cpu0, m.cli0 = readServerCPU(m.env), readClientCPU()
 	runtime.ReadMemStats(&m.alloc0)
 	m.rpc0, m.ka0 = m.rpcs.all.Total(), m.rpcs.keepAlive.Load()
 	if m.timer != nil {
@@ -184,6 +206,9 @@ func (m *meter) stop(ctx context.Context, ops int64) error {
 	if cpu := readServerCPU(m.env); cpu >= 0 && m.cpu0 >= 0 {
 		m.res.ServerCPU += cpu - m.cpu0
 	}
+	if cpu := readClientCPU(); cpu >= 0 && m.cli0 >= 0 {
+		m.res.ClientCPU += cpu - m.cli0
+	}
 	rev0 := m.rev0
 	m.mu.Unlock()
 
@@ -208,6 +233,16 @@ func (m *meter) result() Result {
 // when it cannot be read.
 func readServerCPU(env *Env) time.Duration {
 	d, err := serverCPU(env)
+	if err != nil {
+		return -1
+	}
+	return d
+}
+
+// readClientCPU returns the CPU time this process has used, or -1 when it
+// cannot be read.
+func readClientCPU() time.Duration {
+	d, err := clientCPU()
 	if err != nil {
 		return -1
 	}

@@ -16,7 +16,8 @@ import (
 // w handoffs back to back. The waiters must get the lock in the order of
 // their keys' create revisions, one at a time, or the run fails.
 func fifo(w int) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
-	return fifoOf(fmt.Sprintf("fifo-%d", w), w, 1, Session.NewMutex, Session.NewMutex)
+	return fifoOf(queueSpec{label: fmt.Sprintf("fifo-%d", w), waiters: w, capacity: 1,
+		newHolder: Session.NewMutex, newWaiter: Session.NewMutex})
 }
 
 // semFIFO returns the scenario of a queue of w waiters for 1 permit of
@@ -24,19 +25,41 @@ func fifo(w int) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
 // once, and each must be admitted within capacity-1 places of its place in
 // the queue.
 func semFIFO(w int, capacity int64) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
-	return fifoOf(fmt.Sprintf("sem-fifo-%d", w), w, capacity,
-		func(s Session, name string) Mutex { return semMutex{s.NewSemaphore(name, capacity), capacity} },
-		func(s Session, name string) Mutex { return semMutex{s.NewSemaphore(name, capacity), 1} })
+	return fifoOf(queueSpec{label: fmt.Sprintf("sem-fifo-%d", w), waiters: w, capacity: capacity,
+		newHolder: func(s Session, name string) Mutex { return semMutex{s.NewSemaphore(name, capacity), capacity} },
+		newWaiter: func(s Session, name string) Mutex { return semMutex{s.NewSemaphore(name, capacity), 1} }})
 }
 
-// fifoOf is fifo for the lock called label, with the holder and waiters
-// that newHolder and newWaiter make, and up to capacity waiters inside at
-// once.
-func fifoOf(label string, w int, capacity int64, newHolder, newWaiter func(Session, string) Mutex) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
+// rwReaders returns the scenario of r readers queued behind a writer: the
+// writer's Unlock admits them all at once. The window opens when that
+// Unlock has returned and closes when the last reader holds: one operation,
+// the admission of all r. Each reader releases as soon as it holds.
+func rwReaders(r int) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
+	return fifoOf(queueSpec{label: fmt.Sprintf("rw-readers-%d", r), waiters: r, capacity: int64(r), together: true,
+		newHolder: func(s Session, name string) Mutex { return rwWriter{s.NewRWMutex(name)} },
+		newWaiter: func(s Session, name string) Mutex { return rwReader{s.NewRWMutex(name)} }})
+}
+
+// A queueSpec says what a FIFO scenario queues and measures.
+type queueSpec struct {
+	label     string                      // of the lock
+	waiters   int                         // queued behind the holder
+	capacity  int64                       // most waiters that may hold at once
+	newHolder func(Session, string) Mutex // the holder's lock
+	newWaiter func(Session, string) Mutex // a waiter's lock
+	// together: the holder's release admits every waiter at once. The
+	// window then opens after the release returned and counts one
+	// operation, all of them admitted; otherwise it opens before the
+	// release and counts a handoff per waiter.
+	together bool
+}
+
+// fifoOf returns the scenario of spec: n queues drained.
+func fifoOf(spec queueSpec) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
 	return func(ctx context.Context, env *Env, impl Impl, n int, timer Timer) (Result, error) {
 		var sum Result
 		for range n {
-			r, err := drain(ctx, env, impl, w, timer, label, capacity, newHolder, newWaiter)
+			r, err := drain(ctx, env, impl, timer, spec)
 			if err != nil {
 				return Result{}, err
 			}
@@ -54,25 +77,26 @@ func clientsFor(w int) int {
 	return 16
 }
 
-func drain(ctx context.Context, env *Env, impl Impl, w int, timer Timer, label string, capacity int64, newHolder, newWaiter func(Session, string) Mutex) (Result, error) {
+func drain(ctx context.Context, env *Env, impl Impl, timer Timer, spec queueSpec) (Result, error) {
+	w := spec.waiters
 	cs, err := env.newClients(clientsFor(w), 0)
 	if err != nil {
 		return Result{}, err
 	}
 	defer cs.close()
-	name := env.lockName(label, impl)
+	name := env.lockName(spec.label, impl)
 	hs, err := newSessions(ctx, impl, cs.clis, 1)
 	if err != nil {
 		return Result{}, err
 	}
 	defer closeSessions(hs)
-	holder := newHolder(hs[0], name)
+	holder := spec.newHolder(hs[0], name)
 	if err := holder.Lock(ctx); err != nil {
 		return Result{}, fmt.Errorf("bench: holder Lock: %w", err)
 	}
 
 	wctx, cancel := context.WithCancel(ctx)
-	q := &queue{env: env, cs: cs, name: name, cancel: cancel, capacity: capacity, newLock: newWaiter}
+	q := &queue{env: env, cs: cs, name: name, cancel: cancel, capacity: spec.capacity, newLock: spec.newWaiter}
 	defer q.close() // stops the waiters, then closes their sessions
 
 	// Queue the waiters in three parts, measuring memory after each. The
@@ -98,21 +122,42 @@ func drain(ctx context.Context, env *Env, impl Impl, w int, timer Timer, label s
 		return Result{}, fmt.Errorf("bench: %d keys in the queue, want %d", len(keys), w+1)
 	}
 
-	// The window opens before the holder's release and closes in the last
-	// waiter's hold, before its release: it spans exactly w handoffs.
+	// The window opens before the holder's release (after it, for waiters
+	// admitted together) and closes in the last waiter's hold, before its
+	// release: it spans exactly w handoffs (one admission of all).
 	mt := newMeter(env, &cs.rpcs, timer)
-	q.setMeter(mt, w)
-	if err := mt.start(ctx); err != nil {
-		return Result{}, err
+	release := func() error {
+		if err := holder.Unlock(ctx); err != nil {
+			return fmt.Errorf("bench: holder Unlock: %w", err)
+		}
+		return nil
 	}
-	if err := holder.Unlock(ctx); err != nil {
-		return Result{}, fmt.Errorf("bench: holder Unlock: %w", err)
+	if spec.together {
+		q.setMeter(mt, w, 1, true)
+		err = mt.startAfter(ctx, release)
+	} else {
+		q.setMeter(mt, w, int64(w), false)
+		if err = mt.start(ctx); err == nil {
+			err = release()
+		}
+	}
+	if err != nil {
+		return Result{}, err
 	}
 	if err := q.wait(ctx); err != nil {
 		return Result{}, err
 	}
 
-	if err := checkOrderWithin(q.order, keys, capacity); err != nil {
+	if spec.together {
+		// etcd's recipe RWMutex names its keys name/read/<time>, not
+		// name/<lease> as the waiters record themselves: check by session
+		// that each got the lock once.
+		keys = keys[:1:1]
+		for _, s := range q.ss {
+			keys = append(keys, waiterKey(name, s.Lease()))
+		}
+	}
+	if err := checkOrderWithin(q.order, keys, spec.capacity); err != nil {
 		return Result{}, err
 	}
 	res := mt.result()
@@ -176,19 +221,28 @@ type queue struct {
 	wg     sync.WaitGroup
 	inside atomic.Int64 // waiters holding the lock right now
 
-	mu    sync.Mutex // guards mt, want, order, err
-	mt    *meter     // stopped by the want-th waiter to get the lock
-	want  int
-	order []string // keys of the waiters in the order they got the lock
-	err   error    // the first error of a waiter
+	mu   sync.Mutex // guards mt, want, ops, stopped, order, err
+	mt   *meter     // stopped by the want-th waiter to get the lock
+	want int
+	// stopped, when not nil, is closed once mt stopped: the waiters hold
+	// until then (waiters admitted together), so that no release competes
+	// with the admissions measured.
+	stopped chan struct{}
+	ops     int64    // operations counted when mt stops
+	order   []string // keys of the waiters in the order they got the lock
+	err     error    // the first error of a waiter
 }
 
 // setMeter makes the want-th waiter to get the lock stop mt while it holds
-// the lock.
-func (q *queue) setMeter(mt *meter, want int) {
+// the lock, counting ops operations. With hold, the waiters hold until
+// then.
+func (q *queue) setMeter(mt *meter, want int, ops int64, hold bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.mt, q.want = mt, want
+	q.mt, q.want, q.ops = mt, want, ops
+	if hold {
+		q.stopped = make(chan struct{})
+	}
 }
 
 // add starts n more waiters with new sessions and returns once they are all
@@ -221,12 +275,22 @@ func (q *queue) waiter(ctx context.Context, m Mutex, key string) {
 	}
 	q.mu.Lock()
 	q.order = append(q.order, key)
-	mt, last := q.mt, len(q.order) == q.want
+	mt, last, ops, stopped := q.mt, len(q.order) == q.want, q.ops, q.stopped
 	q.mu.Unlock()
 	if last {
-		if err := mt.stop(ctx, int64(q.want)); err != nil {
+		err := mt.stop(ctx, ops)
+		if stopped != nil {
+			close(stopped)
+		}
+		if err != nil {
 			q.fail(err)
 			return
+		}
+	}
+	if stopped != nil {
+		select {
+		case <-stopped:
+		case <-ctx.Done():
 		}
 	}
 	q.inside.Add(-1)

@@ -44,6 +44,18 @@ type Scenario struct {
 // A Ref names one implementation's results in one scenario.
 type Ref struct{ Scenario, Impl string }
 
+// Refs returns every result that sc's results for ours are compared with:
+// Theirs, then those its targets name.
+func (sc Scenario) Refs() []Ref {
+	refs := []Ref{sc.Theirs()}
+	for _, t := range sc.Targets {
+		if t.Versus != nil && !slices.Contains(refs, *t.Versus) {
+			refs = append(refs, *t.Versus)
+		}
+	}
+	return refs
+}
+
 // RunsFor reports whether sc runs for the implementation called impl.
 func (sc Scenario) RunsFor(impl string) bool {
 	return sc.Impls == nil || slices.Contains(sc.Impls, impl)
@@ -112,6 +124,14 @@ var Scenarios = []Scenario{
 		Targets:  []Target{RatioAtMost(0.2)},
 		Baseline: "etcd recipe RWMutex",
 		Run:      rwContend(16, 2),
+	},
+	{
+		// The target: all readers in within twice the time of one
+		// Mutex handoff (an Unlock and the next waiter's check).
+		Name: "rw-readers-50", Unit: "50 readers admitted", Short: true, N: 5, ShortN: 1,
+		Targets:  []Target{RatioVersusAtMost(Ref{"fifo-50", Etcdlock.Name}, 2.0)},
+		Baseline: "etcd recipe RWMutex",
+		Run:      rwReaders(50),
 	},
 	{
 		Name: "sem-uncontended", Unit: "Acquire+Release", Short: true, N: 100, ShortN: 20,

@@ -73,7 +73,19 @@ func TestRWSemScenarios(t *testing.T) {
 		require.NoError(t, err, impl.Name)
 		require.EqualValues(t, 10, r.Ops)
 	}
-	sc, _ := Lookup("sem-4x16")
+	for _, impl := range Impls {
+		r, err := rwReaders(12)(t.Context(), env, impl, 2, nil)
+		require.NoError(t, err, impl.Name)
+		require.EqualValues(t, 2, r.Ops, "one operation per queue: all readers admitted")
+		// The window opens after the writer's Unlock (its revision counts,
+		// its RPC does not) and closes while the last reader holds. The
+		// readers' checks may all come before it opens: their RPCs are
+		// not asserted.
+		require.GreaterOrEqual(t, r.RevsPerOp(), 1.0)
+	}
+	sc, _ := Lookup("rw-readers-50")
+	require.Equal(t, []Ref{{"rw-readers-50", Etcd.Name}, {"fifo-50", Etcdlock.Name}}, sc.Refs())
+	sc, _ = Lookup("sem-4x16")
 	require.Equal(t, []string{Etcdlock.Name}, sc.Impls)
 	r, err := contendWith("sem-test", 6, 3, func(s Session, name string) Mutex {
 		return semMutex{s.NewSemaphore(name, 3), 1}

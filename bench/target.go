@@ -17,6 +17,8 @@ type Summary struct {
 	RevsPerOp              float64
 	AllocsPerOp            float64
 	BytesPerOp             float64
+	ServerCPUPerOp         float64    // ns of the etcd members' CPU
+	ClientCPUPerOp         float64    // ns of the clients' CPU
 	Queue                  *QueueCost // medians; nil but for FIFO scenarios
 }
 
@@ -37,6 +39,8 @@ func Summarize(rs []Result) Summary {
 		RevsPerOp:       med(Result.RevsPerOp),
 		AllocsPerOp:     med(Result.AllocsPerOp),
 		BytesPerOp:      med(Result.BytesPerOp),
+		ServerCPUPerOp:  med(Result.ServerCPUPerOp),
+		ClientCPUPerOp:  med(Result.ClientCPUPerOp),
 	}
 	if len(rs) > 0 {
 		s.MinNsPerOp, s.MaxNsPerOp = math.Inf(1), math.Inf(-1)
@@ -80,6 +84,9 @@ type Target struct {
 	Text string
 	// Met reports whether the medians meet the goal.
 	Met func(ours, theirs Summary) bool
+	// Versus, when set, is the result this goal compares ours with,
+	// instead of the scenario's (Scenario.Theirs).
+	Versus *Ref
 }
 
 // RatioAtMost is the goal that our time per operation is at most x times
@@ -89,6 +96,15 @@ func RatioAtMost(x float64) Target {
 		Text: fmt.Sprintf("ratio<=%.2f", x),
 		Met:  func(ours, theirs Summary) bool { return Ratio(ours, theirs) <= x },
 	}
+}
+
+// RatioVersusAtMost is RatioAtMost against ref's results instead of the
+// scenario's own comparison.
+func RatioVersusAtMost(ref Ref, x float64) Target {
+	t := RatioAtMost(x)
+	t.Text = fmt.Sprintf("ratio<=%.2f vs %s %s", x, ref.Impl, ref.Scenario)
+	t.Versus = &ref
+	return t
 }
 
 // RPCsEqual is the goal that our operations take exactly n RPCs each (lease
@@ -133,10 +149,15 @@ func ConstantMemory(x float64) Target {
 // Ratio returns our time per operation over etcd's.
 func Ratio(ours, theirs Summary) float64 { return ours.NsPerOp / theirs.NsPerOp }
 
-// Check returns the texts of the targets of sc that ours and theirs miss.
-func Check(sc Scenario, ours, theirs Summary) (missed []string) {
+// Check returns the texts of the targets of sc that ours misses. summary
+// returns the medians of the results that ref names (sc.Refs).
+func Check(sc Scenario, ours Summary, summary func(ref Ref) Summary) (missed []string) {
 	for _, t := range sc.Targets {
-		if !t.Met(ours, theirs) {
+		ref := sc.Theirs()
+		if t.Versus != nil {
+			ref = *t.Versus
+		}
+		if !t.Met(ours, summary(ref)) {
 			missed = append(missed, t.Text)
 		}
 	}

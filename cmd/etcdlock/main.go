@@ -7,7 +7,7 @@
 //	etcdlock run [flags] NAME                  hold the lock NAME until a signal, printing its key
 //	etcdlock elect [flags] NAME [VALUE] -- CMD  lead the election NAME while CMD runs
 //	etcdlock elect --listen [--json] NAME      print the leader of NAME and every change
-//	etcdlock status [flags] NAME               show the holder and the waiters of NAME
+//	etcdlock status [flags] NAME               show the holders and the waiters of NAME
 //	etcdlock version                           show the versions of etcdlock, Go and the etcd client
 //
 // Locks are those of package etcdlock: the key NAME/<lease ID in hex>, bound
@@ -125,7 +125,7 @@ Usage:
                                               runs, campaigning with VALUE
   etcdlock elect --listen [--json] NAME       print the leader of NAME and
                                               every change
-  etcdlock status [flags] NAME                show the holder and waiters of NAME
+  etcdlock status [flags] NAME                show the holders and waiters of NAME
   etcdlock version                            show the versions of etcdlock, Go
                                               and the etcd client
   etcdlock help [COMMAND]                     show help

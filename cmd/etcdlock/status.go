@@ -1,16 +1,20 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/etcdlock/etcdlock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -19,8 +23,12 @@ const statusHelp = `Usage: etcdlock status [flags] NAME
 Shows who holds the lock NAME and who waits for it, in queue order.
 
 The queue is the keys NAME/<lease ID in hex> (direct children of NAME/ only:
-NAME/sub/... belong to a nested lock), oldest create revision first. The
-oldest holds the lock; its create revision is its fencing token.
+NAME/sub/... belong to a nested lock), oldest create revision first. A
+key's create revision is its fencing token. A Mutex, or an RWMutex writer,
+holds alone: the oldest key holds. An RWMutex's readers hold together when
+no writer is ahead of them, and a Semaphore's keys hold while their permits
+fit its capacity; the MODE column then tells each key's kind: exclusive,
+shared (a reader), or "n of capacity" (a Semaphore's permits).
 
 etcd keeps no timestamps, and a lease tells its TTL and what is left of it,
 not when it began: "held since" is shown only when the holder recorded it
@@ -105,16 +113,44 @@ type holderRecord struct {
 
 // statusJSON is the output of status --json.
 type statusJSON struct {
-	Name     string       `json:"name"`
-	Revision int64        `json:"revision"` // etcd revision of the read
-	Holder   *holderJSON  `json:"holder"`   // null when the lock is free
-	Waiters  []waiterJSON `json:"waiters"`  // queue order; [] when none
+	Name     string        `json:"name"`
+	Revision int64         `json:"revision"` // etcd revision of the read
+	Holder   *holderJSON   `json:"holder"`   // the oldest holder; null when the lock is free
+	Holders  []*holderJSON `json:"holders"`  // every holder, queue order (Holders[0] is Holder); [] when free
+	Waiters  []waiterJSON  `json:"waiters"`  // queue order; [] when none
+}
+
+// modeJSON is what one key of the queue asks for, from its value
+// (etcdlock.ParseKeyMode).
+type modeJSON struct {
+	// "exclusive" (a Mutex, an RWMutex writer, etcd's Mutex, or a value
+	// etcdlock does not know), "shared" (an RWMutex reader), or "permits"
+	// (a Semaphore's).
+	Mode     string `json:"mode"`
+	Weight   int64  `json:"weight,omitempty"`   // permits taken, for "permits"
+	Capacity int64  `json:"capacity,omitempty"` // the Semaphore's capacity as that client was configured, for "permits"
+}
+
+func newModeJSON(m etcdlock.KeyMode) modeJSON {
+	switch {
+	case m.Shared:
+		return modeJSON{Mode: "shared"}
+	case m.Weight > 0:
+		return modeJSON{Mode: "permits", Weight: m.Weight, Capacity: m.Capacity}
+	}
+	return modeJSON{Mode: "exclusive"}
+}
+
+// String is the MODE column: "exclusive", "shared", or "3 of 10".
+func (m modeJSON) String() string {
+	return etcdlock.KeyMode{Shared: m.Mode == "shared", Weight: m.Weight, Capacity: m.Capacity}.String()
 }
 
 type holderJSON struct {
 	Key   string `json:"key"`
 	Lease string `json:"lease"` // hex, as in the key
 	Token int64  `json:"token"` // create revision of the key
+	modeJSON
 	// The lease's granted TTL and what is left of it, in seconds; absent
 	// if the lease could not be read.
 	LeaseTTL     *int64 `json:"lease_ttl,omitempty"`
@@ -134,6 +170,7 @@ type waiterJSON struct {
 	Key      string `json:"key"`
 	Lease    string `json:"lease"`
 	Token    int64  `json:"token"` // create revision: the token if it gets the lock
+	modeJSON
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
@@ -186,19 +223,27 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// readStatus reads the queue of name and the holder's lease.
+// readStatus reads the queue of name and the holders' leases. The holders
+// are the longest prefix of the queue that the keys' grant rules admit
+// (etcdlock.Holders).
 func readStatus(ctx context.Context, cli *clientv3.Client, name string) (*statusJSON, error) {
 	q, err := readQueue(ctx, cli, name, false, false)
 	if err != nil {
 		return nil, err
 	}
-	st := &statusJSON{Name: name, Revision: q.Revision, Waiters: []waiterJSON{}}
+	modes := make([]etcdlock.KeyMode, len(q.Entries))
 	for i, e := range q.Entries {
-		if i > 0 {
-			st.Waiters = append(st.Waiters, waiterJSON{Position: i, Key: e.Key, Lease: fmt.Sprintf("%x", int64(e.Lease)), Token: e.Rev})
+		modes[i] = etcdlock.ParseKeyMode(e.Value)
+	}
+	holders := etcdlock.Holders(modes)
+	st := &statusJSON{Name: name, Revision: q.Revision, Holders: []*holderJSON{}, Waiters: []waiterJSON{}}
+	for i, e := range q.Entries {
+		lease := fmt.Sprintf("%x", int64(e.Lease))
+		if i >= holders {
+			st.Waiters = append(st.Waiters, waiterJSON{Position: i - holders + 1, Key: e.Key, Lease: lease, Token: e.Rev, modeJSON: newModeJSON(modes[i])})
 			continue
 		}
-		h := &holderJSON{Key: e.Key, Lease: fmt.Sprintf("%x", int64(e.Lease)), Token: e.Rev}
+		h := &holderJSON{Key: e.Key, Lease: lease, Token: e.Rev, modeJSON: newModeJSON(modes[i])}
 		if e.Lease == clientv3.NoLease {
 			h.leaseNote = "none: the key was not put by a lock client"
 		} else if resp, err := cli.TimeToLive(ctx, e.Lease); err != nil {
@@ -208,54 +253,147 @@ func readStatus(ctx context.Context, cli *clientv3.Client, name string) (*status
 		} else {
 			h.LeaseTTL, h.LeaseTTLLeft = &resp.GrantedTTL, &resp.TTL
 		}
+		// The holder's record is the value, or what follows the mode's
+		// line in the value of a key that is not exclusive.
+		record := e.Value
+		if !modes[i].Exclusive() {
+			_, record, _ = bytes.Cut(e.Value, []byte("\n"))
+		}
 		var rec holderRecord
-		if len(e.Value) > 0 && json.Unmarshal(e.Value, &rec) == nil && !rec.Since.IsZero() {
+		if len(record) > 0 && json.Unmarshal(record, &rec) == nil && !rec.Since.IsZero() {
 			h.HeldSince = &rec.Since
 			h.Host, h.PID, h.Command = rec.Host, rec.PID, rec.Command
 		}
-		st.Holder = h
+		st.Holders = append(st.Holders, h)
+	}
+	if holders > 0 {
+		st.Holder = st.Holders[0]
 	}
 	return st, nil
 }
 
 // printStatus prints st as a table. labels, when not nil, names keys (the
-// demo's clients) in an extra column.
+// demo's clients) in an extra column. A Mutex's queue shows as it always
+// did; the MODE column and the permits line appear when some key is not
+// exclusive.
 func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time.Time) {
 	if st.Holder == nil {
 		fmt.Fprintf(w, "lock %q is free (etcd revision %d)\n", st.Name, st.Revision)
 		return
 	}
-	fmt.Fprintf(w, "lock %q is held, %d waiting (etcd revision %d)\n", st.Name, len(st.Waiters), st.Revision)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	label := func(key string) string {
-		if labels == nil {
-			return ""
-		}
-		return labels[key] + "\t"
+	if len(st.Holders) == 1 {
+		fmt.Fprintf(w, "lock %q is held, %d waiting (etcd revision %d)\n", st.Name, len(st.Waiters), st.Revision)
+	} else {
+		fmt.Fprintf(w, "lock %q is held by %d, %d waiting (etcd revision %d)\n", st.Name, len(st.Holders), len(st.Waiters), st.Revision)
 	}
-	header := "POSITION\tKEY\tLEASE\tTOKEN\n"
-	if labels != nil {
-		header = "POSITION\tCLIENT\tKEY\tLEASE\tTOKEN\n"
+	modes := false // whether some key is not exclusive
+	for _, h := range st.Holders {
+		modes = modes || h.Mode != "exclusive"
 	}
-	fmt.Fprint(tw, header)
-	h := st.Holder
-	fmt.Fprintf(tw, "holder\t%s%s\t%s\t%d\n", label(h.Key), h.Key, h.Lease, h.Token)
 	for _, wt := range st.Waiters {
-		fmt.Fprintf(tw, "%d\t%s%s\t%s\t%d\n", wt.Position, label(wt.Key), wt.Key, wt.Lease, wt.Token)
+		modes = modes || wt.Mode != "exclusive"
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(pos, key, lease string, token int64, m modeJSON) {
+		fmt.Fprintf(tw, "%s\t", pos)
+		if labels != nil {
+			fmt.Fprintf(tw, "%s\t", labels[key])
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d", key, lease, token)
+		if modes {
+			fmt.Fprintf(tw, "\t%s", m)
+		}
+		fmt.Fprintln(tw)
+	}
+	fmt.Fprint(tw, "POSITION\t")
+	if labels != nil {
+		fmt.Fprint(tw, "CLIENT\t")
+	}
+	fmt.Fprint(tw, "KEY\tLEASE\tTOKEN")
+	if modes {
+		fmt.Fprint(tw, "\tMODE")
+	}
+	fmt.Fprintln(tw)
+	for _, h := range st.Holders {
+		row("holder", h.Key, h.Lease, h.Token, h.modeJSON)
+	}
+	for _, wt := range st.Waiters {
+		row(strconv.Itoa(wt.Position), wt.Key, wt.Lease, wt.Token, wt.modeJSON)
 	}
 	tw.Flush()
+	printPermits(w, st)
 	if labels != nil {
 		return // the demo tells the rest itself
 	}
-	if h.LeaseTTL != nil {
-		fmt.Fprintf(w, "holder's lease: TTL %ds, %ds left\n", *h.LeaseTTL, *h.LeaseTTLLeft)
-	} else {
-		fmt.Fprintf(w, "holder's lease: %s\n", h.leaseNote)
+	if len(st.Holders) > 1 {
+		recorded := false
+		for _, h := range st.Holders {
+			fmt.Fprintf(w, "lease of %s: %s\n", h.Key, h.leaseText())
+			recorded = recorded || h.HeldSince != nil
+		}
+		for _, h := range st.Holders {
+			if h.HeldSince != nil {
+				fmt.Fprintf(w, "%s %s\n", h.Key, h.sinceText(now))
+			}
+		}
+		if !recorded {
+			fmt.Fprintln(w, "held since: unknown (etcd keeps no timestamps and the holders recorded none); the TOKEN column is each key's create revision")
+		}
+		return
 	}
+	h := st.Holder
+	fmt.Fprintf(w, "holder's lease: %s\n", h.leaseText())
 	if h.HeldSince == nil {
 		fmt.Fprintf(w, "held since: unknown (etcd keeps no timestamps and the holder recorded none); key created at revision %d\n", h.Token)
 		return
 	}
+	fmt.Fprintln(w, h.sinceText(now))
+}
+
+// printPermits prints the permits the holders take, when they are a
+// Semaphore's, and whether the clients agree on its capacity.
+func printPermits(w io.Writer, st *statusJSON) {
+	var held int64
+	var caps []int64 // every capacity in the queue, sorted, once each
+	for _, h := range st.Holders {
+		held += h.Weight
+	}
+	add := func(m modeJSON) {
+		if m.Capacity > 0 && !slices.Contains(caps, m.Capacity) {
+			caps = append(caps, m.Capacity)
+		}
+	}
+	for _, h := range st.Holders {
+		add(h.modeJSON)
+	}
+	for _, wt := range st.Waiters {
+		add(wt.modeJSON)
+	}
+	if held == 0 {
+		return
+	}
+	slices.Sort(caps)
+	fmt.Fprintf(w, "permits held: %d of %d\n", held, caps[0])
+	if len(caps) > 1 {
+		s := make([]string, len(caps))
+		for i, c := range caps {
+			s[i] = strconv.FormatInt(c, 10)
+		}
+		fmt.Fprintf(w, "capacities disagree (%s): each key is admitted within the smallest capacity among itself and the keys ahead of it\n", strings.Join(s, ", "))
+	}
+}
+
+// leaseText tells the holder's lease: "TTL 15s, 12s left", or why not.
+func (h *holderJSON) leaseText() string {
+	if h.LeaseTTL == nil {
+		return h.leaseNote
+	}
+	return fmt.Sprintf("TTL %ds, %ds left", *h.LeaseTTL, *h.LeaseTTLLeft)
+}
+
+// sinceText tells what the holder recorded: since when it holds and who it
+// is, on two lines. HeldSince must be set.
+func (h *holderJSON) sinceText(now time.Time) string {
 	who := ""
 	if h.Command != "" {
 		who += fmt.Sprintf(" running %s", h.Command)
@@ -266,6 +404,6 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	if h.Host != "" {
 		who += " on " + h.Host
 	}
-	fmt.Fprintf(w, "held since: %s (%s ago), as recorded by the holder's clock\nholder: etcdlock run%s\n",
+	return fmt.Sprintf("held since: %s (%s ago), as recorded by the holder's clock\nholder: etcdlock run%s",
 		h.HeldSince.Local().Format("2006-01-02 15:04:05.000 MST"), fmtDur(max(0, now.Sub(*h.HeldSince))), who)
 }

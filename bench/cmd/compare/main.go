@@ -73,13 +73,14 @@ func run(members, rounds int, filter string, short bool) error {
 	// A scenario compared with another one needs that one's results too.
 	run := slices.Clone(scenarios)
 	for _, sc := range scenarios {
-		ref := sc.Theirs()
-		if !slices.ContainsFunc(run, func(s bench.Scenario) bool { return s.Name == ref.Scenario }) {
-			other, ok := bench.Lookup(ref.Scenario)
-			if !ok {
-				return fmt.Errorf("%s is compared with the unknown scenario %s", sc.Name, ref.Scenario)
+		for _, ref := range sc.Refs() {
+			if !slices.ContainsFunc(run, func(s bench.Scenario) bool { return s.Name == ref.Scenario }) {
+				other, ok := bench.Lookup(ref.Scenario)
+				if !ok {
+					return fmt.Errorf("%s is compared with the unknown scenario %s", sc.Name, ref.Scenario)
+				}
+				run = append(run, other)
 			}
-			run = append(run, other)
 		}
 	}
 
@@ -157,8 +158,10 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	fmt.Fprintf(w, "etcdlock (ours) vs theirs (etcd's concurrency.Mutex unless said): etcd %s server processes, %d member(s), fsync on; medians of %d rounds [min-max]\n", version, members, rounds)
 	fmt.Fprintf(w, "ratio = our time / theirs; rpcs/op = unary calls + streams opened, lease keepalive streams apart (ka/op); allocs/op of the whole process\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "scenario\tper\tetcdlock time/op\ttheirs time/op\tratio\trpcs/op ours|theirs\tka/op ours|theirs\trevs/op ours|theirs\tallocs/op ours|theirs\ttheirs\ttargets\tmet")
+	fmt.Fprintln(tw, "scenario\tper\tetcdlock time/op\ttheirs time/op\tratio\trpcs/op ours|theirs\tka/op ours|theirs\trevs/op ours|theirs\tallocs/op ours|theirs\tcpu/op etcd+clients ours|theirs\ttheirs\ttargets\tmet")
+	summary := func(ref bench.Ref) bench.Summary { return bench.Summarize(res[ref.Scenario][ref.Impl]) }
 	var queues []bench.Scenario
+	var versus []string // lines for the targets against another scenario
 	for _, sc := range scenarios {
 		ref := sc.Theirs()
 		o, t := bench.Summarize(res[sc.Name][ours]), bench.Summarize(res[ref.Scenario][ref.Impl])
@@ -167,23 +170,34 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 			baseline = "etcd Mutex"
 		}
 		met := "yes"
-		if missed := bench.Check(sc, o, t); len(missed) > 0 {
+		if missed := bench.Check(sc, o, summary); len(missed) > 0 {
 			met = "NO: " + strings.Join(missed, ", ")
 		}
 		var targets []string
 		for _, t := range sc.Targets {
 			targets = append(targets, t.Text)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3f\t%.2f | %.2f\t%.2f | %.2f\t%.2f | %.2f\t%.0f | %.0f\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3f\t%.2f | %.2f\t%.2f | %.2f\t%.2f | %.2f\t%.0f | %.0f\t%s+%s | %s+%s\t%s\t%s\t%s\n",
 			sc.Name, sc.Unit, timeRange(o), timeRange(t), bench.Ratio(o, t),
 			o.RPCsPerOp, t.RPCsPerOp, o.KeepAlivesPerOp, t.KeepAlivesPerOp,
 			o.RevsPerOp, t.RevsPerOp, o.AllocsPerOp, t.AllocsPerOp,
+			duration(o.ServerCPUPerOp), duration(o.ClientCPUPerOp), duration(t.ServerCPUPerOp), duration(t.ClientCPUPerOp),
 			baseline, strings.Join(targets, " "), met)
 		if o.Queue != nil {
 			queues = append(queues, sc)
 		}
+		for _, t := range sc.Targets {
+			if t.Versus != nil {
+				v := summary(*t.Versus)
+				versus = append(versus, fmt.Sprintf("%s: ours %s = %.2f x %s %s (%s per %s)",
+					sc.Name, duration(o.NsPerOp), bench.Ratio(o, v), t.Versus.Impl, t.Versus.Scenario, timeRange(v), unit(t.Versus.Scenario)))
+			}
+		}
 	}
 	tw.Flush()
+	if len(versus) > 0 {
+		fmt.Fprintf(w, "\n%s\n", strings.Join(versus, "\n"))
+	}
 	if len(queues) == 0 {
 		return
 	}
@@ -203,6 +217,12 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 		}
 	}
 	tw.Flush()
+}
+
+// unit returns what one operation of the scenario called name is.
+func unit(name string) string {
+	sc, _ := bench.Lookup(name)
+	return sc.Unit
 }
 
 // timeRange formats the median time per operation and its range.
