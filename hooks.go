@@ -25,8 +25,11 @@ import (
 // The functions run synchronously in the goroutine where the event happens
 // (the caller's Lock or Unlock, a hold's loss watch, the session's
 // keepalive goroutine), never while this package holds a lock of its own:
-// they may call any method, but the event's caller waits for them, so they
-// must return quickly. They may run concurrently with each other.
+// they may call accessors such as Err, Token or Key. They must not call
+// what waits for those goroutines (Unlock, Close, Orphan and the like: a
+// loss watch's HoldDone calling Unlock would wait for itself), and they
+// must return quickly, since the event's caller waits for them. They may
+// run concurrently with each other.
 //
 // Gauges are pairs of events: the waiters of this process are AcquireStart
 // calls less AcquireDone calls, its holders are AcquireDone calls with
@@ -58,7 +61,8 @@ type Hooks struct {
 
 // WithHooks makes the session call h's functions on the events of its
 // locks, lease and end (see Hooks). WithHooks may be given more than once:
-// each one's functions are called, in the order given. Default: no hooks.
+// each one's functions are called, in the order given. Lead's sessions
+// take it through WithSessionOptions. Default: no hooks.
 func WithHooks(h Hooks) SessionOption {
 	return func(o *sessionOptions) error {
 		o.hooks = Hooks{
