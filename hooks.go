@@ -88,7 +88,8 @@ func both[T any](f, g func(T)) func(T) {
 }
 
 // WithLogger makes the session log, through l, what an operator needs to
-// know: a hold lost, and why, at Warn; a lease renewal that failed at Warn;
+// know: a hold lost, and why, at Warn (at Info when the program closed the
+// session under it); a lease renewal that failed at Warn;
 // the session's end, at Warn when its lease ran out or was revoked and at
 // Info otherwise (Close, Orphan, its context, its client closed). Messages
 // start with "etcdlock: "; attributes say the lock's kind and name, the
@@ -318,7 +319,13 @@ func (e *events) holdDone(i HoldDoneInfo) {
 		if i.Kind == KindElection {
 			msg = "etcdlock: leadership lost"
 		}
-		e.log.LogAttrs(context.Background(), slog.LevelWarn, msg,
+		// Closing a session that holds locks (as Lead does when it
+		// returns) releases them on purpose: no cause for a warning.
+		level := slog.LevelWarn
+		if i.End == LostSessionClosed {
+			level = slog.LevelInfo
+		}
+		e.log.LogAttrs(context.Background(), level, msg,
 			slog.String("kind", i.Kind.String()), slog.String("name", i.Name),
 			slog.String("cause", i.End.String()), slog.Duration("held", i.Held),
 			slog.Int64("token", i.Token), slog.Any("error", i.Err))
