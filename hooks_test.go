@@ -270,6 +270,27 @@ func TestHooksSessionEndsWaiter(t *testing.T) {
 	require.NoError(t, holder.Unlock(t.Context()))
 }
 
+// TestHooksWaiterKeyDeleted: a waiter whose key someone deletes returns
+// ErrLockLost, an acquisition that failed ("error"), and no hold.
+func TestHooksWaiterKeyDeleted(t *testing.T) {
+	cli := newClient(t)
+	name := lockName(t)
+	holder := etcdlock.NewMutex(newSession(t, cli), name)
+	require.NoError(t, holder.Lock(t.Context()))
+	rec := newRecorder()
+	m := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithHooks(rec.hooks())), name)
+	w := startWaiter(t.Context(), m)
+	w.waitIdle(t)
+	_, err := cli.Delete(t.Context(), m.Key())
+	require.NoError(t, err)
+	require.ErrorIs(t, w.result(t, 5*time.Second), etcdlock.ErrLockLost)
+	require.Equal(t, [4]int{1, 1, 0, 0}, rec.counts())
+	d := rec.lastDone()
+	require.Equal(t, etcdlock.AcquireFailed, d.Outcome)
+	require.ErrorIs(t, d.Err, etcdlock.ErrLockLost)
+	require.NoError(t, holder.Unlock(t.Context()))
+}
+
 // TestHooksLoss: a hold lost (lease revoked, key deleted, session closed,
 // max hold passed) makes exactly one HoldDone with its cause: when the
 // loss watch sees it if Done was called, else at Unlock; an Unlock after
