@@ -82,10 +82,10 @@ func testHolderLearnsFirstAll(t *testing.T, f flavor) {
 	for _, c := range []cutOff{
 		{name: "Cut"},
 		{name: "CutAfterLateAnswers", late: time.Second},
-		{name: "CutAsHoldWatchStarts", inWatchRead: true},
+		{name: "CutAsHoldWatchStarts", inWatchStart: true},
 		{name: "CutBeforeDone", beforeDone: true},
 		{name: "MaxHoldCut", maxHold: 2 * time.Second},
-		{name: "MaxHoldCutAsHoldWatchStarts", maxHold: 2 * time.Second, inWatchRead: true},
+		{name: "MaxHoldCutAsHoldWatchStarts", maxHold: 2 * time.Second, inWatchStart: true},
 		{name: "MaxHoldCutBeforeDone", maxHold: 2 * time.Second, beforeDone: true},
 	} {
 		t.Run(c.name, func(t *testing.T) { testHolderLearnsFirst(t, c, f) })
@@ -94,11 +94,11 @@ func testHolderLearnsFirstAll(t *testing.T, f flavor) {
 
 // cutOff is a case of TestHolderLearnsFirst.
 type cutOff struct {
-	name        string
-	late        time.Duration // before the cut, answers this late for a few renewals
-	inWatchRead bool          // cut as the loss watch reads the key, not once it waits
-	beforeDone  bool          // cut before Done opens the loss watch
-	maxHold     time.Duration // WithMaxHold, with a session that outlives the test
+	name         string
+	late         time.Duration // before the cut, answers this late for a few renewals
+	inWatchStart bool          // cut as the loss watch is made, not once it waits
+	beforeDone   bool          // cut before Done opens the loss watch
+	maxHold      time.Duration // WithMaxHold, with a session that outlives the test
 }
 
 func testHolderLearnsFirst(t *testing.T, c cutOff, f flavor) {
@@ -123,14 +123,14 @@ func testHolderLearnsFirst(t *testing.T, c cutOff, f flavor) {
 	start := time.Now()
 	require.NoError(t, holder.Lock(t.Context()))
 
-	// Done opens the loss watch, then reads the key once (the only read
-	// the holder's client makes): after that read the watch is in place.
+	// Done makes the loss watch (the only watch the holder's client
+	// makes): once etcd created it, the watch is in place.
 	var cut time.Time
-	ready := probe.reads
+	ready := probe.watching
 	switch {
-	case c.inWatchRead:
+	case c.inWatchStart:
 		cutc := make(chan struct{})
-		probe.beforeRead.Store(func() {
+		probe.beforeCreate.Store(func() {
 			px.Cut()
 			cut = time.Now()
 			close(cutc)
@@ -147,7 +147,7 @@ func testHolderLearnsFirst(t *testing.T, c cutOff, f flavor) {
 	select {
 	case <-ready:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the hold's loss watch did not read the key in 10s")
+		t.Fatal("the hold's loss watch was not made in 10s")
 	}
 
 	// The waiter, on a client of its own that is not cut off, notes at the
@@ -315,18 +315,18 @@ func TestWaiterCutOffLearnsSessionEnd(t *testing.T) {
 
 // clientProbe watches a client's RPCs: it measures the round trip of each
 // lease renewal, from sending the request to receiving its answer; it
-// reports each read (KV Range) done; and it calls beforeRead or
-// beforeWatch, if set, once, as the client starts a read or opens a watch
-// stream.
+// reports each watch etcd created; and it calls beforeCreate or
+// beforeWatch, if set, once, as the client sends a watch's create request
+// or opens a watch stream.
 type clientProbe struct {
-	rtts        chan time.Duration
-	reads       chan struct{}
-	beforeRead  atomic.Value // func()
-	beforeWatch atomic.Value // func()
+	rtts         chan time.Duration
+	watching     chan struct{}
+	beforeCreate atomic.Value // func()
+	beforeWatch  atomic.Value // func()
 }
 
 func newClientProbe() *clientProbe {
-	return &clientProbe{rtts: make(chan time.Duration, 1024), reads: make(chan struct{}, 16)}
+	return &clientProbe{rtts: make(chan time.Duration, 1024), watching: make(chan struct{}, 16)}
 }
 
 // once runs the func in v, if any, and leaves a no-op in its place.
@@ -340,29 +340,45 @@ func once(v *atomic.Value) {
 // clientv3.Config.DialOptions.
 func (p *clientProbe) DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			if method != "/etcdserverpb.KV/Range" {
-				return invoker(ctx, method, req, reply, cc, opts...)
-			}
-			once(&p.beforeRead)
-			err := invoker(ctx, method, req, reply, cc, opts...)
-			select {
-			case p.reads <- struct{}{}:
-			default:
-			}
-			return err
-		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 			if method == "/etcdserverpb.Watch/Watch" {
 				once(&p.beforeWatch)
 			}
 			cs, err := streamer(ctx, desc, cc, method, opts...)
-			if err != nil || method != "/etcdserverpb.Lease/LeaseKeepAlive" {
+			switch {
+			case err != nil:
 				return cs, err
+			case method == "/etcdserverpb.Watch/Watch":
+				return &probedWatch{ClientStream: cs, p: p}, nil
+			case method == "/etcdserverpb.Lease/LeaseKeepAlive":
+				return &probedStream{ClientStream: cs, p: p}, nil
 			}
-			return &probedStream{ClientStream: cs, p: p}, nil
+			return cs, nil
 		}),
 	}
+}
+
+type probedWatch struct {
+	grpc.ClientStream
+	p *clientProbe
+}
+
+func (s *probedWatch) SendMsg(m any) error {
+	if m.(*pb.WatchRequest).GetCreateRequest() != nil {
+		once(&s.p.beforeCreate)
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
+func (s *probedWatch) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if resp := m.(*pb.WatchResponse); err == nil && resp.Created && !resp.Canceled {
+		select {
+		case s.p.watching <- struct{}{}:
+		default:
+		}
+	}
+	return err
 }
 
 type probedStream struct {
@@ -512,7 +528,12 @@ func (w *staleWatchStream) SendMsg(m any) error {
 	if cr := m.(*pb.WatchRequest).GetCreateRequest(); cr != nil {
 		s := w.s
 		s.mu.Lock()
-		stale := s.key != "" && string(cr.Key) == s.key && cr.StartRevision == 0
+		// A member that lags behind starts a watch without a start
+		// revision at its own. One with a start revision it cannot
+		// start earlier; the loss watches give one (the hold's
+		// admission, a waiter's key's creation), and starting them early
+		// anyway checks that they also ignore what comes before it.
+		stale := s.key != "" && string(cr.Key) == s.key && (cr.StartRevision == 0 || cr.StartRevision > s.from)
 		if stale {
 			cr.StartRevision = s.from
 			s.key = ""
@@ -1155,10 +1176,10 @@ func TestLossNamesRevokedLease(t *testing.T) {
 		m := etcdlock.NewMutex(s, lockName(t))
 		require.NoError(t, m.Lock(t.Context()))
 		held := m.Done()
-		select { // the loss watch read the key: its watch is in place
-		case <-probe.reads:
+		select { // the loss watch is in place
+		case <-probe.watching:
 		case <-time.After(10 * time.Second):
-			t.Fatal("the hold's loss watch did not read the key in 10s")
+			t.Fatal("the hold's loss watch was not made in 10s")
 		}
 		at := revoke(t, s)
 		sessionEnds(t, s, at)
@@ -1267,10 +1288,10 @@ func TestUnlockRetry(t *testing.T) {
 	t.Run("RetriedWhileDoneWatches", func(t *testing.T) {
 		m, cli, loser, probe := setup(t)
 		held := m.Done()
-		select { // the loss watch read the key: its watch is in place
-		case <-probe.reads:
+		select { // the loss watch is in place
+		case <-probe.watching:
 		case <-time.After(10 * time.Second):
-			t.Fatal("the hold's loss watch did not read the key in 10s")
+			t.Fatal("the hold's loss watch was not made in 10s")
 		}
 		firstAttemptFails(t, m, cli, loser)
 		// The watch saw the key go while the attempt was in flight: the

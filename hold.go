@@ -6,7 +6,6 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -22,9 +21,9 @@ type hold struct {
 	limit *holdLimit // set when WithMaxHold re-attached the key to a lease of its own
 
 	// Guarded by queue.mu.
-	done chan struct{}         // closed when the hold ends; made by the first Done
-	err  error                 // ErrLockLost after an involuntary end
-	stop func(context.Context) // stops the loss watch; nil until Done asks for it
+	done  chan struct{} // closed when the hold ends; made by the first Done
+	err   error         // ErrLockLost after an involuntary end
+	watch *keyWatch     // the loss watch; nil until Done asks for it
 
 	// Unlock's state, guarded by queue.mu. Once an Unlock attempt is sent,
 	// the key may vanish by Unlock's own doing: from then on a vanished
@@ -45,7 +44,8 @@ type hold struct {
 // holdLimit is the lease of its own that WithMaxHold gives a hold's key.
 type holdLimit struct {
 	lease    clientv3.LeaseID
-	deadline time.Time // the hold surely ends by then; Done closes before
+	deadline time.Time   // the hold surely ends by then; Done closes before
+	timer    *time.Timer // ends the hold then, once Done watches it; guarded by lossWatcher.mu
 }
 
 // maxLease returns the WithMaxHold lease of h's key, or 0.
@@ -73,49 +73,43 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // nothing is held, Done returns the channel of the last hold, or a closed
 // channel if there was none.
 //
-// The first call of a hold starts watching the key; the plain Lock/Unlock
-// path opens no watch. When the key goes, the watch asks etcd whether its
-// lease still exists, so that Err tells a revoked or expired lease ("lease
-// ... was revoked or expired"; the session ends with it) from a deleted
-// key. Loss by lease expiry is reported before etcd can
+// The first call of a hold starts watching the key, from the revision at
+// which the hold was admitted, on the watch stream the session shares
+// among its holds (see lossWatcher): no goroutine and no read per hold;
+// the plain Lock/Unlock path opens no watch. When the key goes, the watch
+// asks etcd whether its lease still exists, so that Err tells a revoked or
+// expired lease ("lease ... was revoked or expired"; the session ends with
+// it) from a deleted key. Loss by lease expiry is reported before etcd can
 // give the lock to anyone else: the session counts its lease's life from
 // when each renewal was sent and ends a margin before it runs out.
 func (q *queue) Done() <-chan struct{} {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	h := q.h
 	if h == nil {
 		h = q.last
 	}
 	if h == nil || h.ended && h.done == nil {
+		q.mu.Unlock()
 		return closedChan
 	}
 	if h.done == nil {
 		h.done = make(chan struct{})
 	}
-	if h.stop == nil && !h.ended {
-		// Unlock stops the watch, and lets a read the watch has in flight
-		// finish, unless Unlock's own ctx ends first (see watchKey).
-		// Both end with the session (see watchHold). The watch's carries
-		// WithRequireLeader, made once per session rather than per hold.
-		ctx, cancel := context.WithCancel(q.s.watchCtx)
-		rpcCtx, cancelRPC := context.WithCancel(q.s.endCtx)
-		exited := make(chan struct{})
-		h.stop = func(uctx context.Context) {
-			cancel()
-			select {
-			case <-exited:
-			case <-uctx.Done():
-			}
-			cancelRPC()
-			<-exited
+	var ended bool
+	var err error
+	if h.watch == nil && !h.ended {
+		// Unlock stops the watch (see endHold); the session's end ends
+		// it, and the hold with it.
+		if h.watch = q.s.watcher.watchHold(q, h); h.watch == nil {
+			ended, err = h.lose(q.s.Err()) // the session has ended
 		}
-		go func() {
-			defer close(exited)
-			q.watchHold(ctx, rpcCtx, h)
-		}()
 	}
-	return h.done
+	done := h.done
+	q.mu.Unlock()
+	if ended {
+		q.reportEnd(h, err)
+	}
+	return done
 }
 
 // Err returns nil while a hold lasts and after a plain release (Unlock,
@@ -228,11 +222,11 @@ func (q *queue) unlockSurely(ctx context.Context) error {
 // flight.
 func (q *queue) endHold(ctx context.Context, h *hold, err error) {
 	q.mu.Lock()
-	stop := h.stop
+	w := h.watch
 	ended := h.end(err)
 	q.mu.Unlock()
-	if stop != nil {
-		stop(ctx)
+	if w != nil {
+		q.s.watcher.stop(ctx, w)
 	}
 	if ended {
 		q.reportEnd(h, err)
@@ -240,12 +234,22 @@ func (q *queue) endHold(ctx context.Context, h *hold, err error) {
 }
 
 // lose ends h as lost, from the loss watch, unless Unlock may have ended it
-// (see Unlock). Its stop is not called: the watch is the caller.
+// (see Unlock). The watch is not stopped: it is the caller.
 func (q *queue) lose(h *hold, cause error) {
 	q.mu.Lock()
+	ended, err := h.lose(cause)
+	q.mu.Unlock()
+	if ended {
+		q.reportEnd(h, err)
+	}
+}
+
+// lose is queue.lose, called with queue.mu held. It reports whether h
+// ended now, and with what error: then the caller calls reportEnd, once
+// it has released queue.mu.
+func (h *hold) lose(cause error) (ended bool, _ error) {
 	if h.ended {
-		q.mu.Unlock()
-		return
+		return false, nil
 	}
 	var err error
 	switch {
@@ -253,17 +257,14 @@ func (q *queue) lose(h *hold, cause error) {
 		// Unlock's answer tells what happened; should its RPC fail,
 		// Unlock ends the hold (see there).
 		h.goneMidUnlock = true
-		q.mu.Unlock()
-		return
+		return false, nil
 	case h.sent:
 		// Between Unlock attempts: an earlier one may have deleted the
 		// key. The hold has ended, not known to be lost.
 	default:
 		err = errorf("%w: %w", ErrLockLost, cause)
 	}
-	h.end(err)
-	q.mu.Unlock()
-	q.reportEnd(h, err)
+	return h.end(err), err
 }
 
 // end ends h with err (nil: not lost), unless it has ended already, and
@@ -298,87 +299,6 @@ func (q *queue) reportEnd(h *hold, err error) {
 		End:      q.s.holdEnd(err),
 		Err:      err,
 	})
-}
-
-// watchHold ends h when its key is deleted, its session ends or its max
-// hold passes; it returns when ctx (stopped by Unlock) ends or h is lost.
-// Its reads use rpcCtx, which Unlock cancels only if its own ctx ends
-// before the read does.
-func (q *queue) watchHold(ctx, rpcCtx context.Context, h *hold) {
-	// The session's end and the max hold deadline end the hold whatever
-	// the watch is doing, even blocked on a link that is cut: ctx and
-	// rpcCtx are derived from the session's endCtx (see Done), which ends
-	// with the session's error as its cause.
-	if !h.maxDeadline().IsZero() {
-		limit := h.maxDeadline().Add(-q.s.expiryMargin())
-		var cancelMax, cancelMaxRPC context.CancelFunc
-		ctx, cancelMax = context.WithDeadlineCause(ctx, limit, errMaxHold)
-		defer cancelMax()
-		rpcCtx, cancelMaxRPC = context.WithDeadlineCause(rpcCtx, limit, errMaxHold)
-		defer cancelMaxRPC()
-	}
-	backoff := 50 * time.Millisecond
-	for {
-		if lost := q.watchKey(ctx, rpcCtx, h); lost != nil {
-			q.lose(h, lost)
-			return
-		}
-		// The watch broke (no leader, stream lost, compaction on resume):
-		// look again after a pause. If etcd stays out of reach, the
-		// session's deadline ends the hold in time.
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			if cause := context.Cause(ctx); errors.Is(cause, errMaxHold) || errors.Is(cause, ErrSessionExpired) {
-				q.lose(h, cause)
-			}
-			return // else Unlock stopped the watch
-		case <-t.C:
-		}
-		backoff = min(2*backoff, time.Second)
-	}
-}
-
-// watchKey watches h's key from now, checks it is still h's, and waits. It
-// returns the cause of a loss, or nil when ctx ended or the watch broke.
-func (q *queue) watchKey(ctx, rpcCtx context.Context, h *hold) (lost error) {
-	wctx, cancel := context.WithCancel(ctx) // ctx requires a leader (Done)
-	defer cancel()
-	ch, _, err := q.openWatch(wctx, q.key)
-	if err != nil {
-		return nil
-	}
-	// The watch starts now; one read covers the time before it. Unlock
-	// does not cancel the read, it waits for it: etcd's client logs every
-	// unary call that fails, a cancelled one too, as a warning, and a
-	// program that locks, calls Done and unlocks must log nothing.
-	gctx, gcancel := context.WithTimeout(clientv3.WithRequireLeader(rpcCtx), cleanupTimeout)
-	resp, err := q.s.cli.Get(gctx, q.key)
-	gcancel()
-	if err != nil || ctx.Err() != nil {
-		return nil
-	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
-		return q.holdGone(rpcCtx, h)
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case wr, ok := <-ch:
-			if !ok || wr.Err() != nil {
-				return nil
-			}
-			for _, ev := range wr.Events {
-				// A lagging member may replay the deletion of an earlier
-				// key of the same name; this one was alive at the read.
-				if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > resp.Header.Revision {
-					return q.holdGone(rpcCtx, h)
-				}
-			}
-		}
-	}
 }
 
 // holdGone says why h's key is gone, for the loss watch: the lease it was

@@ -275,20 +275,20 @@ func (e SessionEnd) String() string {
 	return fmt.Sprintf("SessionEnd(%d)", uint8(e))
 }
 
-// events is a session's hooks and logger, read-only. A session with
+// reporter is a session's hooks and logger, read-only. A session with
 // neither has none (nil): every event site then costs one nil check.
-type events struct {
+type reporter struct {
 	Hooks
 	log *slog.Logger
 }
 
-// newEvents returns the events of h and l, or nil when both are unset.
-func newEvents(h Hooks, l *slog.Logger) *events {
+// newReporter returns the reporter of h and l, or nil when both are unset.
+func newReporter(h Hooks, l *slog.Logger) *reporter {
 	if h.AcquireStart == nil && h.AcquireDone == nil && h.HoldDone == nil &&
 		h.RenewDone == nil && h.SessionDone == nil && l == nil {
 		return nil
 	}
-	return &events{Hooks: h, log: l}
+	return &reporter{Hooks: h, log: l}
 }
 
 // monoEpoch is the start of monotime's clock.
@@ -298,19 +298,19 @@ var monoEpoch = time.Now()
 // keeps it smaller than a time.Time.
 func monotime() time.Duration { return time.Since(monoEpoch) }
 
-func (e *events) acquireStart(i AcquireStartInfo) {
+func (e *reporter) acquireStart(i AcquireStartInfo) {
 	if e.AcquireStart != nil {
 		e.AcquireStart(i)
 	}
 }
 
-func (e *events) acquireDone(i AcquireDoneInfo) {
+func (e *reporter) acquireDone(i AcquireDoneInfo) {
 	if e.AcquireDone != nil {
 		e.AcquireDone(i)
 	}
 }
 
-func (e *events) holdDone(i HoldDoneInfo) {
+func (e *reporter) holdDone(i HoldDoneInfo) {
 	if e.HoldDone != nil {
 		e.HoldDone(i)
 	}
@@ -332,7 +332,7 @@ func (e *events) holdDone(i HoldDoneInfo) {
 	}
 }
 
-func (e *events) renewDone(i RenewDoneInfo) {
+func (e *reporter) renewDone(i RenewDoneInfo) {
 	if e.RenewDone != nil {
 		e.RenewDone(i)
 	}
@@ -343,7 +343,7 @@ func (e *events) renewDone(i RenewDoneInfo) {
 	}
 }
 
-func (e *events) sessionDone(i SessionDoneInfo) {
+func (e *reporter) sessionDone(i SessionDoneInfo) {
 	if e.SessionDone != nil {
 		e.SessionDone(i)
 	}

@@ -201,3 +201,37 @@ func TestSessionWithoutConnection(t *testing.T) {
 	require.NoError(t, m.Err())
 	require.NoError(t, m.Unlock(t.Context()))
 }
+
+// TestDoneWithoutConnection: on a client with no gRPC connection of its
+// own there is no stream for the session to watch its keys on: Done
+// watches through the client's Watcher, and still reports a deleted key
+// and ends with Unlock.
+func TestDoneWithoutConnection(t *testing.T) {
+	real := newClient(t)
+	cli := clientv3.NewCtxClient(t.Context())
+	t.Cleanup(func() { cli.Close() })
+	cli.KV, cli.Lease, cli.Watcher = real.KV, real.Lease, real.Watcher
+	m := etcdlock.NewMutex(newSession(t, cli), lockName(t))
+
+	require.NoError(t, m.Lock(t.Context()))
+	done := m.Done()
+	require.NoError(t, m.Unlock(t.Context()))
+	select {
+	case <-done:
+	default:
+		t.Fatal("Done not closed when Unlock returned")
+	}
+
+	require.NoError(t, m.Lock(t.Context()))
+	done = m.Done()
+	_, err := real.Delete(t.Context(), m.Key())
+	require.NoError(t, err)
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Done not closed within 2s of the key's deletion")
+	}
+	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+	require.Contains(t, m.Err().Error(), "was deleted")
+	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+}

@@ -40,14 +40,15 @@ type Session struct {
 	// so that RPCs made for the session's locks stop with it.
 	endCtx    context.Context
 	endCancel context.CancelCauseFunc
-	// watchCtx is endCtx with clientv3.WithRequireLeader: the loss watches
-	// of the session's holds derive from it.
+	// watchCtx is endCtx with clientv3.WithRequireLeader: the session's
+	// watch stream derives from it.
 	watchCtx context.Context
+	watcher  *lossWatcher // watches the keys of the session's holds and waiters
 
 	stop     func()        // stops the keepalive loop
 	loopDone chan struct{} // closed when the keepalive loop returned
 
-	ev *events // the WithHooks and WithLogger events; nil without them
+	ev *reporter // reports to the WithHooks hooks and WithLogger logger; nil without them
 
 	mu        sync.Mutex // guards err, cause, deadline, closed, revoking, leaseGone, names, extra
 	err       error      // why the session ended; nil while it runs
@@ -149,8 +150,9 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		loopDone:  make(chan struct{}),
 		deadline:  sent.Add(left),
 		names:     make(map[string]nameLock),
-		ev:        newEvents(o.hooks, o.logger),
+		ev:        newReporter(o.hooks, o.logger),
 	}
+	s.watcher = newLossWatcher(s)
 	go s.keepAlive(ctx, unwatch)
 	return s, nil
 }
@@ -273,7 +275,8 @@ func (s *Session) untrackLease(id clientv3.LeaseID) bool {
 // end. Calling Orphan again, or after Close, does nothing.
 func (s *Session) Orphan() { s.shutdown() }
 
-// shutdown stops the keepalive loop and ends the session.
+// shutdown stops the keepalive loop and ends the session, and waits for
+// the session's watches to end.
 func (s *Session) shutdown() {
 	s.mu.Lock()
 	s.closed = true
@@ -281,6 +284,7 @@ func (s *Session) shutdown() {
 	s.stop()
 	<-s.loopDone
 	s.end(SessionClosed, errorf("%w: session closed", ErrSessionExpired))
+	s.watcher.wait()
 }
 
 // end records why the session ended and closes Done, once, and then tells

@@ -229,3 +229,32 @@ func TestSessionEndsWithClient(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, holder.Unlock(t.Context()))
 }
+
+// TestWatchStreamIdle: a session watches its keys on a stream of its own
+// while it has any to watch (Done, a waiter's own key); once it has had
+// none for a few seconds, the stream and its goroutines end, and the next
+// Done opens it again.
+func TestWatchStreamIdle(t *testing.T) {
+	cli := newClient(t)
+	m := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithTTL(time.Minute)), lockName(t))
+	// The keepalive stream opens at the first renewal, 20s from now:
+	// everything that starts from here on is the watch stream's.
+	running := goleak.IgnoreCurrent()
+	require.NoError(t, m.Lock(t.Context()))
+	m.Done()
+	require.NoError(t, m.Unlock(t.Context()))
+	require.Eventually(t, func() bool { return leakcheck.Find(running) == nil }, 15*time.Second, 100*time.Millisecond,
+		"the watch stream outlived its last watch by more than 15s")
+
+	require.NoError(t, m.Lock(t.Context()))
+	held := m.Done()
+	_, err := cli.Delete(t.Context(), m.Key())
+	require.NoError(t, err)
+	select {
+	case <-held:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Done not closed within 2s of the key's deletion, on a reopened stream")
+	}
+	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+}

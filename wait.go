@@ -891,20 +891,19 @@ func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freei
 	// Each watch has a context of its own (no common one: a waiter is
 	// lighter without), cancelled when it is no longer wanted or on return.
 	wctx := requireLeader(ctx)
-	octx, cancel := context.WithCancel(wctx)
-	defer cancel()
 
-	own, ownRev, err := q.openWatch(octx, q.key)
-	if err != nil {
-		return nil, err
-	}
+	// The waiter's own key is watched on the session's watch stream, from
+	// the key's creation on: a deletion after me.rev is its end, and no
+	// read is needed for the time before the watch (see lossWatcher).
+	own := q.s.watcher.watchOwn(q, me.rev)
+	defer q.s.watcher.stop(ctx, own)
 	watches := map[string]*blockerWatch{}
 	defer func() {
 		for _, w := range watches {
 			w.cancel()
 		}
 	}()
-	watchedFrom := ownRev
+	var watchedFrom int64
 	for {
 		keys := q.watched(blockers)
 		if err := q.rewatch(wctx, me, watches, blockers, keys, &watchedFrom); err != nil {
@@ -934,7 +933,7 @@ func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freei
 		if q.testHookWait != nil {
 			q.testHookWait(keys)
 		}
-		at, gone, err := q.waitDelete(ctx, me, own, watches, readRev)
+		at, gone, err := q.waitDelete(ctx, me, own.gone, watches, readRev)
 		if err != nil {
 			return nil, err
 		}
@@ -1008,24 +1007,11 @@ func sameKeys(a, b []string) bool {
 	return true
 }
 
-// openWatch watches key for deletions from the current revision on and
-// returns the watch and the revision at which it was created. Like every
-// wait of a queue, it relies on ctx being bound to the session
-// (Session.bound): the watch channel closes when ctx ends.
-func (q *queue) openWatch(ctx context.Context, key string) (clientv3.WatchChan, int64, error) {
-	ch := q.s.cli.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-	wr, ok := <-ch
-	if !ok || wr.Err() != nil || !wr.Created {
-		return nil, 0, q.watchErr(ctx, wr)
-	}
-	return ch, wr.Header.Revision, nil
-}
-
 // waitDelete returns the revision of the first deletion of a blocker (or
 // change of its mode) seen after readRev, when all were seen alive, and the
 // key deleted ("" for a change of mode). It returns lostWhileWaiting's
-// error when own (the waiter's own key) is deleted.
-func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan, watches map[string]*blockerWatch, readRev int64) (int64, string, error) {
+// error when own closes: the waiter's own key is gone.
+func (q *queue) waitDelete(ctx context.Context, me entry, own <-chan struct{}, watches map[string]*blockerWatch, readRev int64) (int64, string, error) {
 	// The common case, a Mutex's single blocker, needs no reflection.
 	var cases []reflect.SelectCase
 	var keys []string
@@ -1046,10 +1032,11 @@ func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan
 	for {
 		var wr clientv3.WatchResponse
 		var ok bool
-		key := "" // the watch's key; "" for own
+		var key string // the watch's key
 		if cases == nil {
 			select {
-			case wr, ok = <-own:
+			case <-own:
+				return 0, "", q.lostWhileWaiting(ctx)
 			case wr, ok = <-one.ch:
 				key = one.key
 			case <-ctx.Done():
@@ -1057,16 +1044,17 @@ func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan
 			}
 		} else {
 			i, v, recvOK := reflect.Select(cases)
-			if i == 0 {
+			switch i {
+			case 0:
 				return 0, "", ctx.Err()
+			case 1:
+				return 0, "", q.lostWhileWaiting(ctx)
 			}
 			ok = recvOK
 			if recvOK {
 				wr = v.Interface().(clientv3.WatchResponse)
 			}
-			if i > 1 {
-				key = keys[i-2]
-			}
+			key = keys[i-2]
 		}
 		if !ok || wr.Err() != nil {
 			return 0, "", q.watchErr(ctx, wr)
@@ -1081,14 +1069,12 @@ func (q *queue) waitDelete(ctx context.Context, me entry, own clientv3.WatchChan
 			if ev.Type == mvccpb.PUT {
 				// Only a reader sees Puts: a Downgrade changes the mode;
 				// WithMaxHold's re-binding and a holder's record do not.
-				if key != "" && key != q.pfx && ParseKeyMode(ev.Kv.Value) != watches[key].mode {
+				if key != q.pfx && ParseKeyMode(ev.Kv.Value) != watches[key].mode {
 					return ev.Kv.ModRevision, "", nil
 				}
 				continue
 			}
 			switch {
-			case key == "":
-				return 0, "", q.lostWhileWaiting(ctx)
 			case key != q.pfx:
 				return ev.Kv.ModRevision, key, nil
 			case !q.isChild(ev.Kv.Key):

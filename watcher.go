@@ -1,0 +1,664 @@
+package etcdlock
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+)
+
+// The watches a session keeps on its own keys, the loss watch of each hold
+// whose Done was called and each waiter's watch on its own key, share one
+// Watch stream of the session, as the leases of a client share one
+// keepalive stream (see keeper). Through etcd's client each watch would
+// cost a goroutine of its own in the client, and more than a kilobyte of
+// its state; here a watch is an entry in a map.
+//
+// A watch starts at a revision at which its key was known to be the
+// incarnation watched (a hold's admission, a waiter's creation), so a
+// deletion after it is this key's end, and no read is needed to close a
+// gap (a watch started "now" would leave one). Starting in the past makes
+// it an unsynced watcher on the server, whose events come with its next
+// resync pass (up to 100ms later): a delay on the loss path only. A
+// member that lags behind cannot replay an older deletion: the start is
+// explicit. When the stream breaks, each watch is made again on the next
+// one from the same revision; when that revision has been compacted, one
+// read says whether the key is still the one watched, and the watch starts
+// again after that read.
+
+// A lossWatcher serves the key watches of one session on one Watch stream
+// of its own, which it opens when there is a watch to make, opens again,
+// after a pause, when it breaks, and closes when it has had nothing to
+// watch for idleStreamTimeout. Its goroutines (two while a stream is
+// open: one receives, one sends; none while idle) end at the latest with
+// the session, which then ends every hold it watches. It is safe for
+// concurrent use.
+type lossWatcher struct {
+	s    *Session
+	wc   pb.WatchClient // nil: each watch is made through the client's Watcher (see watchAlone)
+	wake chan struct{}  // tells run, or the open stream's sender, there is a request to send; capacity 1
+	busy sync.WaitGroup // the goroutines that look into a key (see look), and watchAlone's
+
+	mu       sync.Mutex                       // guards the fields below, and the state, id, from and look of every keyWatch
+	started  bool                             // run is running
+	done     chan struct{}                    // closed when the last run started has returned
+	ended    bool                             // the session ended: every watch is over, none is made
+	watches  map[*keyWatch]struct{}           // the watches not finished
+	queue    []*keyWatch                      // to create on the open stream, or the next one; finished ones are skipped
+	creating []*keyWatch                      // create requests sent on the open stream and not answered, in order
+	ids      map[int64]*keyWatch              // the watches created on the open stream, by watch ID
+	cancels  []int64                          // watch IDs to cancel on the open stream
+	sending  bool                             // a stream is open and its sender may send
+	alone    map[*keyWatch]context.CancelFunc // without a stream: ends the watch watchAlone made
+}
+
+// A keyWatch watches one key of the session for its deletion: a hold's key
+// (h is set: the deletion ends the hold as lost) or a waiting Lock's key
+// (gone is closed).
+type keyWatch struct {
+	q     *queue
+	h     *hold         // the hold it watches, or nil for a waiter's key
+	gone  chan struct{} // a waiter's: closed when the key is gone or the session ended
+	rev   int64         // create revision of the key: the incarnation watched
+	from  int64         // the first revision at which a deletion is the key's end; 0: read the key first
+	id    int64         // the watch's ID on the open stream, in state watchActive
+	state watchState
+	look  *watchLook // the last goroutine that looked into the key
+}
+
+type watchState uint8
+
+const (
+	watchQueued   watchState = iota // to be created on a stream
+	watchCreating                   // its create request was sent
+	watchActive                     // created on the open stream, as id
+	watchLooking                    // a goroutine looks into the key (see look)
+	watchFinished                   // stopped, its key gone, or the session ended
+)
+
+// A watchLook is a goroutine that looks into a watched key: it reads the
+// key when its watch cannot resume (compaction), or asks why a held key
+// went (holdGone). Both its contexts end with the session.
+type watchLook struct {
+	done     chan struct{}      // closed when it returned
+	waitCtx  context.Context    // its pauses between reads
+	stopWait context.CancelFunc // stops its pauses: the watch is no longer wanted
+	rpcCtx   context.Context    // its RPCs
+	stopRPC  context.CancelFunc // cancels its RPCs
+}
+
+// newLossWatcher returns the watcher of s's keys; it starts nothing.
+func newLossWatcher(s *Session) *lossWatcher {
+	w := &lossWatcher{s: s, wake: make(chan struct{}, 1)}
+	// A client without a gRPC connection of its own (clientv3.NewCtxClient)
+	// has no stream to share: its watches go through its Watcher.
+	if conn := s.cli.ActiveConnection(); conn != nil {
+		w.wc = pb.NewWatchClient(conn)
+	}
+	return w
+}
+
+// watchHold starts watching h's key, from h's admission on, and returns
+// the watch, or nil if the session has ended (then the hold is lost).
+// Called with h's queue.mu held.
+func (w *lossWatcher) watchHold(q *queue, h *hold) *keyWatch {
+	from := int64(0)
+	if h.hdr != nil {
+		from = h.hdr.Revision + 1
+	}
+	kw := &keyWatch{q: q, h: h, rev: h.rev, from: from}
+	if !w.add(kw) {
+		return nil
+	}
+	return kw
+}
+
+// watchOwn starts watching a waiter's own key, created at rev, and returns
+// the watch; its gone channel closes when the key is deleted, or the
+// session ends.
+func (w *lossWatcher) watchOwn(q *queue, rev int64) *keyWatch {
+	kw := &keyWatch{q: q, gone: make(chan struct{}), rev: rev, from: rev + 1}
+	if !w.add(kw) {
+		close(kw.gone)
+	}
+	return kw
+}
+
+// add starts kw. It reports false if the session has ended.
+func (w *lossWatcher) add(kw *keyWatch) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		kw.state = watchFinished
+		return false
+	}
+	if w.watches == nil {
+		w.watches = make(map[*keyWatch]struct{})
+		w.ids = make(map[int64]*keyWatch)
+	}
+	w.watches[kw] = struct{}{}
+	if kw.h != nil && kw.h.limit != nil {
+		// The max hold ends the hold whatever the watch is doing, even
+		// waiting on a link that is cut.
+		kw.h.limit.timer = time.AfterFunc(time.Until(kw.h.maxDeadline().Add(-kw.q.s.expiryMargin())), func() { w.expire(kw) })
+	}
+	if !w.started {
+		w.started = true
+		w.done = make(chan struct{})
+		go w.run(w.done)
+	}
+	if kw.from == 0 {
+		w.look(kw, true)
+	} else {
+		w.enqueue(kw)
+	}
+	return true
+}
+
+// enqueue has kw created on the open stream, or the next one. Called with
+// w.mu held.
+func (w *lossWatcher) enqueue(kw *keyWatch) {
+	kw.state = watchQueued
+	if w.wc == nil {
+		w.watchAlone(kw)
+		return
+	}
+	w.queue = append(w.queue, kw)
+	w.signal()
+}
+
+// signal wakes run, or the open stream's sender.
+func (w *lossWatcher) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default: // woken already
+	}
+}
+
+// stop ends kw: its owner no longer wants it (Unlock, a waiter that
+// returns). A look in progress is waited for, unless ctx ends first: then
+// its RPC is cancelled. (etcd's client logs every unary call that fails, a
+// cancelled one too, as a warning: a program that locks, calls Done and
+// unlocks must log nothing.)
+func (w *lossWatcher) stop(ctx context.Context, kw *keyWatch) {
+	w.mu.Lock()
+	w.drop(kw)
+	l := kw.look
+	w.mu.Unlock()
+	if l == nil {
+		return
+	}
+	l.stopWait()
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+	}
+	l.stopRPC()
+	<-l.done
+}
+
+// drop finishes kw, and cancels its watch on the stream, unless it is
+// finished already. It reports whether it finished it. Called with w.mu
+// held.
+func (w *lossWatcher) drop(kw *keyWatch) bool {
+	switch kw.state {
+	case watchFinished:
+		return false
+	case watchActive:
+		delete(w.ids, kw.id)
+		w.cancels = append(w.cancels, kw.id)
+		w.signal()
+	}
+	if cancel := w.alone[kw]; cancel != nil {
+		cancel()
+		delete(w.alone, kw)
+	}
+	if kw.h != nil && kw.h.limit != nil && kw.h.limit.timer != nil {
+		kw.h.limit.timer.Stop()
+	}
+	kw.state = watchFinished
+	delete(w.watches, kw)
+	return true
+}
+
+// expire ends kw's hold at its WithMaxHold limit.
+func (w *lossWatcher) expire(kw *keyWatch) {
+	w.mu.Lock()
+	dropped := w.drop(kw)
+	l := kw.look
+	w.mu.Unlock()
+	if !dropped {
+		return
+	}
+	if l != nil {
+		l.stopWait()
+		l.stopRPC()
+	}
+	kw.q.lose(kw.h, errMaxHold)
+}
+
+// gone is called, with w.mu held, when kw's key was deleted at or after
+// kw.from, or read and found to be another incarnation, or missing. A
+// waiter is told at once; a hold's loss is looked into first (holdGone).
+func (w *lossWatcher) gone(kw *keyWatch) {
+	if kw.h == nil {
+		if w.drop(kw) {
+			close(kw.gone)
+		}
+		return
+	}
+	w.look(kw, false)
+}
+
+// look starts a goroutine that looks into kw's key, with w.mu held: it
+// reads the key first if read is set (the watch cannot resume from
+// kw.from), and, if the key is not the one watched any more, ends the
+// watch: a hold is lost, with the reason holdGone finds.
+func (w *lossWatcher) look(kw *keyWatch, read bool) {
+	if kw.state == watchActive {
+		delete(w.ids, kw.id)
+		w.cancels = append(w.cancels, kw.id)
+		w.signal()
+	}
+	l := &watchLook{done: make(chan struct{})}
+	l.waitCtx, l.stopWait = context.WithCancel(w.s.endCtx)
+	l.rpcCtx, l.stopRPC = context.WithCancel(w.s.endCtx)
+	kw.state, kw.look = watchLooking, l
+	w.busy.Add(1)
+	go func() {
+		defer w.busy.Done()
+		defer close(l.done)
+		defer l.stopRPC()
+		defer l.stopWait()
+		if read {
+			from, ok := w.read(l, kw)
+			w.mu.Lock()
+			switch {
+			case kw.state != watchLooking || kw.look != l || from < 0:
+				// Stopped, or the session ended.
+				w.mu.Unlock()
+				return
+			case ok:
+				kw.from = from
+				w.enqueue(kw)
+				w.mu.Unlock()
+				return
+			}
+			if kw.h == nil {
+				w.gone(kw)
+				w.mu.Unlock()
+				return
+			}
+			w.mu.Unlock()
+		}
+		// Unlock may stop the watch meanwhile; holdGone and lose know
+		// what an Unlock under way means.
+		kw.q.lose(kw.h, kw.q.holdGone(l.rpcCtx, kw.h))
+		w.mu.Lock()
+		w.drop(kw)
+		w.mu.Unlock()
+	}()
+}
+
+// read reads kw's key until etcd answers or the watch is stopped. It
+// returns the revision after the read and true if the key is still the
+// one watched, 0 and false if it is not, or -1 if it was stopped.
+func (w *lossWatcher) read(l *watchLook, kw *keyWatch) (from int64, ok bool) {
+	backoff := 50 * time.Millisecond
+	for {
+		gctx, cancel := context.WithTimeout(requireLeader(l.rpcCtx), cleanupTimeout)
+		resp, err := w.s.cli.Get(gctx, kw.q.key)
+		cancel()
+		switch {
+		case l.waitCtx.Err() != nil:
+			return -1, false
+		case err == nil && len(resp.Kvs) > 0 && resp.Kvs[0].CreateRevision == kw.rev:
+			return resp.Header.Revision + 1, true
+		case err == nil:
+			return 0, false
+		}
+		// etcd out of reach, or without a leader: ask again after a
+		// pause. If it stays out of reach, the session's deadline ends
+		// the hold in time.
+		t := time.NewTimer(backoff)
+		select {
+		case <-l.waitCtx.Done():
+			t.Stop()
+			return -1, false
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// deleted reports whether the events delete kw's key at or after kw.from.
+// (A lagging member replaying an older deletion is excluded by the
+// watch's start revision already; the check costs nothing.)
+func deleted(kw *keyWatch, events []*mvccpb.Event) bool {
+	for _, ev := range events {
+		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision >= kw.from {
+			return true
+		}
+	}
+	return false
+}
+
+// events returns the events of etcd's client as the API's: the same type
+// (an alias in newer clients, a defined type in v3.5).
+func events(evs []*clientv3.Event) []*mvccpb.Event {
+	out := make([]*mvccpb.Event, len(evs))
+	for i, ev := range evs {
+		out[i] = (*mvccpb.Event)(ev)
+	}
+	return out
+}
+
+// run opens a stream when there is a watch to make, serves it until it
+// breaks or is idle, and waits a little before the next one, until the
+// session ends or there is nothing left to watch (add starts it again).
+// When the session ends it ends every watch: each hold is lost with it.
+func (w *lossWatcher) run(done chan struct{}) {
+	defer close(done)
+	ctx := w.s.watchCtx // requires a leader; ends with the session
+	backoff := minStreamBackoff
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+			continue
+		case <-w.wake:
+		}
+		if w.wc != nil && w.serve(ctx) {
+			backoff = minStreamBackoff
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, maxStreamBackoff)
+		w.mu.Lock()
+		if len(w.watches) == 0 && ctx.Err() == nil {
+			// Nothing to watch: a session that no longer watches costs
+			// neither a goroutine nor a stream.
+			w.started, w.queue = false, nil
+			w.mu.Unlock()
+			return
+		}
+		left := len(w.queue) > 0
+		w.mu.Unlock()
+		if left {
+			w.signal() // the watches not made go on the next stream
+		}
+	}
+
+	w.mu.Lock()
+	w.ended = true
+	var ended []*keyWatch
+	for kw := range w.watches {
+		if w.drop(kw) && kw.h == nil {
+			close(kw.gone)
+		}
+		ended = append(ended, kw)
+	}
+	w.queue, w.creating, w.cancels = nil, nil, nil
+	w.mu.Unlock()
+	cause := context.Cause(ctx)
+	for _, kw := range ended {
+		if kw.h != nil {
+			kw.q.lose(kw.h, cause)
+		}
+	}
+	w.busy.Wait()
+}
+
+// wait waits until run and the goroutines that look into keys have
+// returned. The session has ended.
+func (w *lossWatcher) wait() {
+	w.mu.Lock()
+	started, done := w.started, w.done
+	if !started {
+		w.ended = true // a watch added from now on finds the session ended
+	}
+	w.mu.Unlock()
+	if started {
+		<-done
+	}
+	w.busy.Wait()
+}
+
+// serve opens one stream and serves it until it breaks or the session
+// ends. It reports whether etcd answered anything on it. The watches made
+// on it are made again on the next one.
+func (w *lossWatcher) serve(ctx context.Context) (answered bool) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// WaitForReady: while the client has no connection, wait for one
+	// rather than fail at once (as etcd's client does for its calls).
+	stream, err := w.wc.Watch(ctx, grpc.WaitForReady(true))
+	if err != nil {
+		return false
+	}
+	w.mu.Lock()
+	w.sending = true
+	w.mu.Unlock()
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		w.send(ctx, stream)
+		cancel() // a failed send breaks the stream: Recv returns too
+	}()
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			break
+		}
+		answered = true
+		if !w.receive(resp) {
+			break
+		}
+	}
+
+	w.mu.Lock()
+	w.sending = false // from now on the sender sends nothing
+	for _, kw := range w.creating {
+		if kw.state == watchCreating {
+			kw.state = watchQueued
+			w.queue = append(w.queue, kw)
+		}
+	}
+	for _, kw := range w.ids {
+		kw.state = watchQueued
+		w.queue = append(w.queue, kw)
+	}
+	w.creating, w.cancels = nil, nil
+	clear(w.ids)
+	w.mu.Unlock()
+	cancel()
+	<-sendDone
+	return answered
+}
+
+// receive handles one response of the open stream. It reports false when
+// the stream must be given up: etcd refused to make a watch.
+func (w *lossWatcher) receive(resp *pb.WatchResponse) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if resp.Created {
+		// etcd answers a stream's create requests in order.
+		if len(w.creating) == 0 {
+			return false
+		}
+		kw := w.creating[0]
+		w.creating[0] = nil
+		w.creating = w.creating[1:]
+		switch {
+		case resp.Canceled:
+			// Refused: try again on another stream, after a pause.
+			if kw.state == watchCreating {
+				kw.state = watchQueued
+				w.queue = append(w.queue, kw)
+			}
+			return false
+		case kw.state != watchCreating:
+			// Stopped meanwhile.
+			w.cancels = append(w.cancels, resp.WatchId)
+			w.signal()
+			return true
+		}
+		kw.state, kw.id = watchActive, resp.WatchId
+		w.ids[kw.id] = kw
+	}
+	kw := w.ids[resp.WatchId]
+	if kw == nil {
+		return true // an answer to a cancel, or events of a watch stopped since
+	}
+	switch {
+	case resp.CompactRevision != 0:
+		// The revisions the watch was to start from are compacted (etcd
+		// has ended the watch): read the key, and start again after
+		// the read.
+		delete(w.ids, kw.id)
+		kw.state = watchQueued
+		w.look(kw, true)
+	case resp.Canceled:
+		// etcd ended the watch: make it again.
+		delete(w.ids, kw.id)
+		w.enqueue(kw)
+	case deleted(kw, resp.Events):
+		w.gone(kw)
+	}
+	return true
+}
+
+// idleStreamTimeout is how long a session keeps its watch stream open
+// with nothing to watch: long enough that a program that locks now and
+// then reuses it, short enough that sessions that stopped watching do
+// not each keep a stream on etcd (and two goroutines here).
+const idleStreamTimeout = 5 * time.Second
+
+// send sends the queued create and cancel requests on stream, in order,
+// until ctx ends, a send fails, serve stops it, or there has been nothing
+// to watch for idleStreamTimeout (then serve closes the stream).
+func (w *lossWatcher) send(ctx context.Context, stream pb.Watch_WatchClient) {
+	for {
+		for {
+			req := w.next()
+			if req == nil {
+				break
+			}
+			if err := stream.Send(req); err != nil {
+				return
+			}
+		}
+		var idle *time.Timer
+		var idleC <-chan time.Time
+		w.mu.Lock()
+		if len(w.watches) == 0 {
+			idle = time.NewTimer(idleStreamTimeout)
+			idleC = idle.C
+		}
+		w.mu.Unlock()
+		fired := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.wake:
+		case <-idleC:
+			fired = true
+		}
+		if idle != nil {
+			idle.Stop()
+		}
+		w.mu.Lock()
+		sending, watching := w.sending, len(w.watches) > 0
+		w.mu.Unlock()
+		if !sending || fired && !watching {
+			return
+		}
+	}
+}
+
+// next returns the next request to send, or nil.
+func (w *lossWatcher) next() *pb.WatchRequest {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.sending {
+		return nil
+	}
+	if len(w.cancels) > 0 {
+		id := w.cancels[0]
+		w.cancels = w.cancels[1:]
+		return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
+			CancelRequest: &pb.WatchCancelRequest{WatchId: id}}}
+	}
+	for len(w.queue) > 0 {
+		kw := w.queue[0]
+		w.queue[0] = nil
+		w.queue = w.queue[1:]
+		if kw.state != watchQueued {
+			continue // finished, or queued twice
+		}
+		kw.state = watchCreating
+		w.creating = append(w.creating, kw)
+		return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{
+			CreateRequest: &pb.WatchCreateRequest{
+				Key:           []byte(kw.q.key),
+				StartRevision: kw.from,
+				Filters:       []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT},
+			}}}
+	}
+	return nil
+}
+
+// watchAlone makes kw's watch through the client's Watcher, for a client
+// without a connection of its own: a goroutine and etcd's per-watch state
+// for each watch, as before the shared stream. Called with w.mu held.
+func (w *lossWatcher) watchAlone(kw *keyWatch) {
+	ctx, cancel := context.WithCancel(w.s.watchCtx)
+	if w.alone == nil {
+		w.alone = make(map[*keyWatch]context.CancelFunc)
+	}
+	w.alone[kw] = cancel
+	from := kw.from
+	w.busy.Add(1)
+	go func() {
+		defer w.busy.Done()
+		defer cancel()
+		ch := w.s.cli.Watch(ctx, kw.q.key, clientv3.WithRev(from), clientv3.WithFilterPut())
+		for wr := range ch {
+			w.mu.Lock()
+			switch {
+			case kw.state != watchQueued || w.alone[kw] == nil:
+			case wr.CompactRevision != 0:
+				delete(w.alone, kw)
+				w.look(kw, true)
+			case deleted(kw, events(wr.Events)):
+				delete(w.alone, kw)
+				w.gone(kw)
+			default:
+				w.mu.Unlock()
+				continue
+			}
+			w.mu.Unlock()
+			return
+		}
+		// The watch broke (or was stopped): make it again after a pause.
+		t := time.NewTimer(minStreamBackoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		if kw.state == watchQueued {
+			w.watchAlone(kw)
+		}
+		w.mu.Unlock()
+	}()
+}
