@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"log/slog"
@@ -45,7 +46,8 @@ func ExampleWithHooks() {
 }
 
 // Log what an operator needs to know: here a lock lost because someone
-// deleted its key, at Warn, and the session's Close, at Info.
+// deleted its key, at Warn (Unlock finds it; with Done called, the watch
+// would log it at once), and the session's Close, at Info.
 func ExampleWithLogger() {
 	ctx := context.Background()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints})
@@ -73,11 +75,12 @@ func ExampleWithLogger() {
 	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err)
 	}
-	lost := m.Done()
 	if _, err := cli.Delete(ctx, m.Key()); err != nil { // someone else's doing
 		log.Fatal(err)
 	}
-	<-lost
+	if err := m.Unlock(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		log.Fatal(err)
+	}
 	if err := s.Close(); err != nil {
 		log.Fatal(err)
 	}

@@ -47,9 +47,10 @@ type Hooks struct {
 	// HoldDone is called once for each hold that was acquired, when it
 	// ends: released, or lost with its cause. A loss is reported when this
 	// package learns of it: at once if Done was called for the hold (Do
-	// and Lead call it), else when Unlock (RUnlock, Release, Resign) finds
-	// it. A hold that is lost, never watched and never unlocked is never
-	// reported.
+	// and Lead call it; HoldDone then follows the closing of Done by
+	// moments), else when Unlock (RUnlock, Release, Resign) finds it,
+	// before Unlock returns. A hold that is lost, never watched and never
+	// unlocked is never reported.
 	HoldDone func(HoldDoneInfo)
 	// RenewDone is called after each attempt to renew the session's lease:
 	// every TTL/3 while they succeed, more often while they fail. An

@@ -547,12 +547,12 @@ func TestHooksElectionLoss(t *testing.T) {
 	require.Equal(t, "key_deleted", lost[0]["cause"])
 }
 
-// TestLoggerQuiet: locks taken and released, renewals and Close log
-// nothing at Warn; the session's Close is one line at Info.
+// TestLoggerQuiet: locks taken and released and Close log nothing at
+// Warn; the session's Close is one line at Info.
 func TestLoggerQuiet(t *testing.T) {
 	var logs lockedBuffer
 	log := slog.New(slog.NewJSONHandler(&logs, nil))
-	s, err := etcdlock.NewSession(newClient(t), etcdlock.WithTTL(time.Second), etcdlock.WithLogger(log))
+	s, err := etcdlock.NewSession(newClient(t), etcdlock.WithLogger(log))
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, lockName(t))
 	for range 3 {

@@ -135,14 +135,19 @@ func TestSessions(t *testing.T) {
 	reg.MustRegister(m)
 	cli := cluster.Client(t)
 	ctx := t.Context()
-	renewed := make(chan struct{}, 1)
+	// After m's hooks, these tell the test that m has seen the event.
+	renewed, holdDone := make(chan struct{}, 1), make(chan struct{}, 1)
+	signal := func(c chan struct{}) {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
 	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(time.Second), etcdlock.WithHooks(m.Hooks()),
-		etcdlock.WithHooks(etcdlock.Hooks{RenewDone: func(etcdlock.RenewDoneInfo) {
-			select {
-			case renewed <- struct{}{}:
-			default:
-			}
-		}}))
+		etcdlock.WithHooks(etcdlock.Hooks{
+			RenewDone: func(etcdlock.RenewDoneInfo) { signal(renewed) },
+			HoldDone:  func(etcdlock.HoldDoneInfo) { signal(holdDone) },
+		}))
 	must(t, err)
 	defer s.Close()
 	other, err := etcdlock.NewSession(cli, etcdlock.WithHooks(m.Hooks()))
@@ -157,6 +162,7 @@ func TestSessions(t *testing.T) {
 		t.Fatalf("TryLock: %v", err)
 	}
 	must(t, a.Unlock(ctx))
+	<-holdDone // reported before Unlock returned
 	want(t, reg, "etcdlock_holders", 0, "kind", "mutex", "name", "a")
 	want(t, reg, "etcdlock_acquire_duration_seconds", 1, "kind", "mutex", "name", "a", "outcome", "acquired")
 	want(t, reg, "etcdlock_acquire_duration_seconds", 1, "kind", "mutex", "name", "a", "outcome", "busy")
@@ -166,11 +172,11 @@ func TestSessions(t *testing.T) {
 	e := etcdlock.NewElection(s, "leader")
 	must(t, e.Campaign(ctx, "me"))
 	want(t, reg, "etcdlock_holders", 1, "kind", "election", "name", "leader")
-	lost := e.Done()
+	e.Done() // the loss watch reports the loss
 	_, err = cli.Delete(ctx, e.Key())
 	must(t, err)
 	select {
-	case <-lost:
+	case <-holdDone:
 	case <-time.After(5 * time.Second):
 		t.Fatal("leadership not lost 5s after its key was deleted")
 	}
