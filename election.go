@@ -70,7 +70,7 @@ type Election struct{ queue }
 // ErrInvalidName for an empty name or one longer than MaxNameLen.
 func NewElection(s *Session, name string) *Election {
 	e := new(Election)
-	e.init(s, name, nil)
+	e.init(s, name, KindElection, nil)
 	return e
 }
 

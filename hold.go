@@ -36,6 +36,9 @@ type hold struct {
 	goneMidUnlock bool  // the loss watch saw the hold end while an attempt was in flight, and stopped
 
 	ended bool // the hold has ended (done, if made, is closed); guarded by queue.mu
+	kind  Kind // as acquired, for Hooks; set only when the session has events
+
+	since time.Duration // monotime of the acquisition; set only when the session has events
 }
 
 // holdLimit is the lease of its own that WithMaxHold gives a hold's key.
@@ -81,25 +84,32 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // when each renewal was sent and ends a margin before it runs out.
 func (q *queue) Done() <-chan struct{} {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	h := q.h
 	if h == nil {
 		h = q.last
 	}
 	if h == nil || h.ended && h.done == nil {
+		q.mu.Unlock()
 		return closedChan
 	}
 	if h.done == nil {
 		h.done = make(chan struct{})
 	}
+	var ended bool
+	var err error
 	if h.watch == nil && !h.ended {
 		// Unlock stops the watch (see endHold); the session's end ends
 		// it, and the hold with it.
 		if h.watch = q.s.watcher.watchHold(q, h); h.watch == nil {
-			h.lose(q.s.Err()) // the session has ended
+			ended, err = h.lose(q.s.Err()) // the session has ended
 		}
 	}
-	return h.done
+	done := h.done
+	q.mu.Unlock()
+	if ended {
+		q.reportEnd(h, err)
+	}
+	return done
 }
 
 // Err returns nil while a hold lasts and after a plain release (Unlock,
@@ -218,10 +228,13 @@ func (q *queue) unlockSurely(ctx context.Context) error {
 func (q *queue) endHold(ctx context.Context, h *hold, err error) {
 	q.mu.Lock()
 	w := h.watch
-	h.end(err)
+	ended := h.end(err)
 	q.mu.Unlock()
 	if w != nil {
 		q.s.watcher.stop(ctx, w)
+	}
+	if ended {
+		q.reportEnd(h, err)
 	}
 }
 
@@ -229,40 +242,68 @@ func (q *queue) endHold(ctx context.Context, h *hold, err error) {
 // (see Unlock). The watch is not stopped: it is the caller.
 func (q *queue) lose(h *hold, cause error) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	h.lose(cause)
+	ended, err := h.lose(cause)
+	q.mu.Unlock()
+	if ended {
+		q.reportEnd(h, err)
+	}
 }
 
-// lose is queue.lose, called with queue.mu held.
-func (h *hold) lose(cause error) {
+// lose is queue.lose, called with queue.mu held. It reports whether h
+// ended now, and with what error: then the caller calls reportEnd, once
+// it has released queue.mu.
+func (h *hold) lose(cause error) (ended bool, _ error) {
 	if h.ended {
-		return
+		return false, nil
 	}
+	var err error
 	switch {
 	case h.unlocking && h.sent:
 		// Unlock's answer tells what happened; should its RPC fail,
 		// Unlock ends the hold (see there).
 		h.goneMidUnlock = true
-		return
+		return false, nil
 	case h.sent:
 		// Between Unlock attempts: an earlier one may have deleted the
 		// key. The hold has ended, not known to be lost.
-		h.end(nil)
-		return
+	default:
+		err = errorf("%w: %w", ErrLockLost, cause)
 	}
-	h.end(errorf("%w: %w", ErrLockLost, cause))
+	return h.end(err), err
 }
 
-// end ends h with err (nil: not lost), unless it has ended already.
-// Called with queue.mu held.
-func (h *hold) end(err error) {
+// end ends h with err (nil: not lost), unless it has ended already, and
+// reports whether it ended now: then the caller calls reportEnd, once it
+// has released queue.mu. Called with queue.mu held.
+func (h *hold) end(err error) bool {
 	if h.ended {
-		return
+		return false
 	}
 	h.ended, h.err = true, err
 	if h.done != nil {
 		close(h.done)
 	}
+	return true
+}
+
+// reportEnd tells the session's hooks and logger that h ended with err
+// (nil: released). Called once per hold, by whoever ended it, without
+// q.mu held: the hooks may call q's methods.
+func (q *queue) reportEnd(h *hold, err error) {
+	ev := q.s.ev
+	if ev == nil {
+		return
+	}
+	q.mu.Lock()
+	mode := h.mode
+	q.mu.Unlock()
+	ev.holdDone(HoldDoneInfo{
+		LockInfo: LockInfo{Kind: h.kind, Name: q.name, Mode: mode},
+		Token:    h.rev,
+		Held:     monotime() - h.since,
+		End:      q.s.holdEnd(err),
+		Err:      err,
+	})
 }
 
 // holdGone says why h's key is gone, for the loss watch: the lease it was
@@ -275,13 +316,20 @@ func (q *queue) holdGone(ctx context.Context, h *hold) error {
 	sent := h.sent
 	q.mu.Unlock()
 	if sent {
-		return errorf("key %s was deleted", q.key)
+		return errorf("key %s was %w", q.key, errDeleted)
 	}
 	return q.keyGone(ctx, h.maxLease())
 }
 
-// errMaxHold is the cause of a loss by WithMaxHold.
-var errMaxHold = errors.New("max hold time passed")
+// Causes of a loss, told apart by HoldEnd.
+var (
+	// errMaxHold is the cause of a loss by WithMaxHold.
+	errMaxHold = errors.New("max hold time passed")
+	// errDeleted ends "key ... was deleted": someone deleted the key.
+	errDeleted = errors.New("deleted")
+	// errRevokedOrExpired ends "max hold lease ... was revoked or expired".
+	errRevokedOrExpired = errors.New("revoked or expired")
+)
 
 // limitHold re-attaches h's key to a lease of its own with the max hold
 // TTL, so that etcd ends the hold then even if this process hangs. A Put

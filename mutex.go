@@ -27,7 +27,7 @@ type Mutex struct{ queue }
 // Invalid options are reported by Lock and TryLock, as ErrInvalidOption.
 func NewMutex(s *Session, name string, opts ...MutexOption) *Mutex {
 	m := new(Mutex)
-	m.init(s, name, opts)
+	m.init(s, name, KindMutex, opts)
 	return m
 }
 

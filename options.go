@@ -2,6 +2,7 @@ package etcdlock
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"time"
 
@@ -17,9 +18,11 @@ const MinTTL = time.Second
 // sessionOptions holds a Session's settings; defaults live in
 // defaultSessionOptions and nowhere else.
 type sessionOptions struct {
-	ttl   time.Duration
-	lease clientv3.LeaseID
-	ctx   context.Context
+	ttl    time.Duration
+	lease  clientv3.LeaseID
+	ctx    context.Context
+	hooks  Hooks
+	logger *slog.Logger
 }
 
 func defaultSessionOptions() sessionOptions {
@@ -82,8 +85,10 @@ func ttlSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// mutexOptions holds a Mutex's settings; the zero value is the default.
+// mutexOptions holds a Mutex's settings; the zero value, with its kind, is
+// the default.
 type mutexOptions struct {
+	kind     Kind // the primitive (KindRWMutexWrite for an RWMutex), for Hooks' events
 	maxHold  time.Duration
 	identity string // WithIdentity's; "" for none
 	err      error  // the first invalid option, reported by Lock and TryLock
@@ -93,18 +98,24 @@ type mutexOptions struct {
 // TryLock return an error wrapping ErrInvalidOption.
 type MutexOption func(*mutexOptions) error
 
-// defaultMutexOptions are the settings of every Mutex made without options:
-// shared, never written.
-var defaultMutexOptions mutexOptions
-
-// newMutexOptions applies opts. The result is read-only: without opts it
-// is defaultMutexOptions, shared by every such Mutex (a pointer, not a
-// copy, keeps each Mutex smaller).
-func newMutexOptions(opts []MutexOption) *mutexOptions {
-	if len(opts) == 0 {
-		return &defaultMutexOptions
+// defaultMutexOptions are the settings of every lock of each kind made
+// without options: shared, never written.
+var defaultMutexOptions = func() (d [numKinds]mutexOptions) {
+	for k := range d {
+		d[k].kind = Kind(k)
 	}
-	o := new(mutexOptions)
+	return d
+}()
+
+// newMutexOptions applies opts to the defaults of kind. The result is
+// read-only: without opts it is defaultMutexOptions[kind], shared by every
+// such lock (a pointer, not a copy, keeps each Mutex smaller; the kind
+// lives here rather than in the Mutex for the same reason).
+func newMutexOptions(kind Kind, opts []MutexOption) *mutexOptions {
+	if len(opts) == 0 {
+		return &defaultMutexOptions[kind]
+	}
+	o := &mutexOptions{kind: kind}
 	for _, opt := range opts {
 		if err := opt(o); err != nil && o.err == nil {
 			o.err = err

@@ -44,7 +44,7 @@ var shared = KeyMode{Shared: true}
 // session s. Names and options are checked as NewMutex's are.
 func NewRWMutex(s *Session, name string, opts ...MutexOption) *RWMutex {
 	m := new(RWMutex)
-	m.init(s, name, opts)
+	m.init(s, name, KindRWMutexWrite, opts)
 	return m
 }
 

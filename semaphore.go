@@ -52,7 +52,7 @@ func NewSemaphore(s *Session, name string, capacity int64, opts ...MutexOption) 
 			return errorf("%w: capacity %d, want at least 1", ErrInvalidOption, capacity)
 		})
 	}
-	sem.init(s, name, opts)
+	sem.init(s, name, KindSemaphore, opts)
 	return sem
 }
 

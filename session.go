@@ -48,8 +48,11 @@ type Session struct {
 	stop     func()        // stops the keepalive loop
 	loopDone chan struct{} // closed when the keepalive loop returned
 
-	mu        sync.Mutex // guards err, deadline, closed, revoking, leaseGone, names, extra
+	ev *reporter // reports to the WithHooks hooks and WithLogger logger; nil without them
+
+	mu        sync.Mutex // guards err, cause, deadline, closed, revoking, leaseGone, names, extra
 	err       error      // why the session ended; nil while it runs
+	cause     SessionEnd // why it ended, for Hooks; set with err
 	deadline  time.Time  // the lease is known to live until then
 	closed    bool       // Close or Orphan was called
 	revoking  bool       // Close was called: it revokes the leases, once
@@ -147,6 +150,7 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		loopDone:  make(chan struct{}),
 		deadline:  sent.Add(left),
 		names:     make(map[string]nameLock),
+		ev:        newReporter(o.hooks, o.logger),
 	}
 	s.watcher = newLossWatcher(s)
 	go s.keepAlive(ctx, unwatch)
@@ -279,20 +283,49 @@ func (s *Session) shutdown() {
 	s.mu.Unlock()
 	s.stop()
 	<-s.loopDone
-	s.end(errorf("%w: session closed", ErrSessionExpired))
+	s.end(SessionClosed, errorf("%w: session closed", ErrSessionExpired))
 	s.watcher.wait()
 }
 
-// end records why the session ended and closes Done, once.
-func (s *Session) end(err error) {
+// end records why the session ended and closes Done, once, and then tells
+// the hooks and logger.
+func (s *Session) end(cause SessionEnd, err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.err != nil {
+		s.mu.Unlock()
 		return
 	}
-	s.err = err
+	s.err, s.cause = err, cause
 	close(s.donec)
 	s.endCancel(err)
+	s.mu.Unlock()
+	if s.ev != nil {
+		s.ev.sessionDone(SessionDoneInfo{Lease: s.id, Cause: cause, Err: err})
+	}
+}
+
+// holdEnd says how a hold of the session ended with err: nil (released),
+// or the loss, which names its cause (hold.go) or is the session's end.
+func (s *Session) holdEnd(err error) HoldEnd {
+	switch {
+	case err == nil:
+		return Released
+	case errors.Is(err, errMaxHold):
+		return LostMaxHold
+	case errors.Is(err, ErrSessionExpired):
+		s.mu.Lock()
+		cause := s.cause
+		s.mu.Unlock()
+		if cause == SessionNotRenewed || cause == SessionLeaseGone {
+			return LostLease
+		}
+		return LostSessionClosed
+	case errors.Is(err, errDeleted):
+		return LostKeyDeleted
+	case errors.Is(err, errRevokedOrExpired):
+		return LostLease
+	}
+	return LostUnknown
 }
 
 // expiryMargin is how long before the computed end of its lease a session
@@ -327,13 +360,13 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 			if errors.Is(context.Cause(ctx), errClientClosed) {
 				// The lease lives on until its TTL runs out: there is
 				// no client left to revoke it with.
-				s.end(errorf("%w: %w", ErrSessionExpired, errClientClosed))
+				s.end(SessionClientClosed, errorf("%w: %w", ErrSessionExpired, errClientClosed))
 				return
 			}
-			s.end(errorf("%w: session context ended: %w", ErrSessionExpired, ctx.Err()))
+			s.end(SessionContextEnded, errorf("%w: session context ended: %w", ErrSessionExpired, ctx.Err()))
 			return
 		case <-expire.C:
-			s.end(errorf("%w: lease %x not renewed within its TTL", ErrSessionExpired, s.id))
+			s.end(SessionNotRenewed, errorf("%w: lease %x not renewed within its TTL", ErrSessionExpired, s.id))
 			return
 		case <-next.C:
 			expire.Stop()
@@ -342,8 +375,13 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 		// The renewal may take no longer than the lease's known life: past
 		// that, its answer could not save the session anyway.
 		rctx, cancel := context.WithDeadline(ctx, giveUp)
+		var began time.Time
+		if s.ev != nil {
+			began = time.Now()
+		}
 		sent, ttl, err := s.keeper.renew(rctx, s.id)
 		cancel()
+		gone := false
 		switch {
 		case err == nil && ttl > 0:
 			s.mu.Lock()
@@ -353,14 +391,37 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 			s.mu.Unlock()
 			next.Reset(max(0, interval-time.Since(sent)))
 		case err == nil: // etcd answers TTL 0 or less for a lease it does not have
-			s.lost()
-			return
+			err, gone = s.goneErr(), true
 		default:
 			// etcd unreachable or busy, or the stream broke: try again
 			// soon, until the deadline.
 			next.Reset(retry)
 		}
+		// A failure because the loop was stopped is no failure to renew.
+		if s.ev != nil && (err == nil || ctx.Err() == nil) {
+			s.reportRenewal(began, sent, ttl, err)
+		}
+		if gone {
+			s.lost()
+			return
+		}
 	}
+}
+
+// reportRenewal tells the hooks and logger of a renewal attempt that began
+// at began: sent at sent with ttl granted, or failed with err.
+func (s *Session) reportRenewal(began, sent time.Time, ttl int64, err error) {
+	now := time.Now()
+	i := RenewDoneInfo{Lease: s.id, Latency: now.Sub(began), Err: err}
+	if err == nil {
+		i.Latency, i.TTL = now.Sub(sent), time.Duration(ttl)*time.Second
+	}
+	if !errors.Is(err, ErrSessionExpired) {
+		s.mu.Lock()
+		i.Left = max(0, s.deadline.Sub(now))
+		s.mu.Unlock()
+	}
+	s.ev.renewDone(i)
 }
 
 func (s *Session) shuttingDown() bool {
@@ -395,7 +456,12 @@ func (s *Session) lost() {
 	s.mu.Lock()
 	s.leaseGone = true
 	s.mu.Unlock()
-	s.end(errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id))
+	s.end(SessionLeaseGone, s.goneErr())
+}
+
+// goneErr is the session's error when etcd says its lease is gone.
+func (s *Session) goneErr() error {
+	return errorf("%w: lease %x was revoked or expired", ErrSessionExpired, s.id)
 }
 
 // acquireName takes the session-local right to queue for name. With wait it

@@ -84,10 +84,11 @@ type queue struct {
 	testHookWait func(keys []string)
 }
 
-// init sets q up for the lock name taken through s. (Not a constructor
-// returning a queue: a queue holds a sync.Mutex and must not be copied.)
-func (q *queue) init(s *Session, name string, opts []MutexOption) {
-	q.s, q.name, q.pfx, q.opts = s, name, name+"/", newMutexOptions(opts)
+// init sets q up for the lock name of kind taken through s. (Not a
+// constructor returning a queue: a queue holds a sync.Mutex and must not
+// be copied.)
+func (q *queue) init(s *Session, name string, kind Kind, opts []MutexOption) {
+	q.s, q.name, q.pfx, q.opts = s, name, name+"/", newMutexOptions(kind, opts)
 	if s != nil {
 		q.key = fmt.Sprintf("%s%x", q.pfx, int64(s.Lease()))
 		q.pfx = q.key[:len(q.pfx)] // one string for both
@@ -104,7 +105,9 @@ func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
 }
 
 // lockValue is lock with the key's value given: q.value(mode), or an
-// election's proposal (whose mode, read back, is exclusive).
+// election's proposal (whose mode, read back, is exclusive). With the
+// session's events, it reports the acquisition (Hooks.AcquireStart and
+// AcquireDone) around take; without, it reads no clock.
 func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bool) error {
 	if err := q.validate(); err != nil {
 		return err
@@ -115,11 +118,47 @@ func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bo
 	if mode.Exclusive() && q.holding(func(m KeyMode) bool { return m.Shared }) {
 		return ErrUpgrade
 	}
-	if err := ctx.Err(); err != nil {
+	ev := q.s.ev
+	if ev == nil {
+		h, err := q.take(ctx, mode, val, wait)
+		if err == nil {
+			q.mu.Lock()
+			q.h = h
+			q.mu.Unlock()
+		}
 		return err
 	}
+	li := LockInfo{Kind: q.opts.kind, Name: q.name, Mode: mode}
+	if mode.Shared {
+		li.Kind = KindRWMutexRead
+	}
+	ev.acquireStart(AcquireStartInfo{LockInfo: li, Wait: wait})
+	start := monotime()
+	h, err := q.take(ctx, mode, val, wait)
+	done := AcquireDoneInfo{LockInfo: li, Wait: wait, Outcome: outcome(ctx, err), Err: err}
+	now := monotime()
+	done.Waited = now - start
+	if h != nil {
+		h.kind, h.since, done.Token = li.Kind, now, h.rev
+	}
+	// Called before the hold is q's: its HoldDone cannot come first.
+	ev.acquireDone(done)
+	if h != nil {
+		q.mu.Lock()
+		q.h = h
+		q.mu.Unlock()
+	}
+	return err
+}
+
+// take is lockValue's acquisition, once the call is found valid: it
+// returns the hold, which lockValue makes q's.
+func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (*hold, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if err := q.s.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	// Stop waiting, and stop any RPC, as soon as the session ends.
 	bctx, cancel := q.s.bound(ctx)
@@ -128,7 +167,7 @@ func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bo
 	// the key name/<lease>, so one hold per session and name holds for
 	// every mix of them.
 	if err := q.s.acquireName(bctx, q.name, wait); err != nil {
-		return q.cause(ctx, err)
+		return nil, q.cause(ctx, err)
 	}
 	var rev int64
 	var hdr *pb.ResponseHeader
@@ -140,19 +179,16 @@ func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bo
 	}
 	if err != nil {
 		q.s.releaseName(q.name)
-		return q.cause(ctx, err)
+		return nil, q.cause(ctx, err)
 	}
 	h := &hold{rev: rev, mode: mode, hdr: hdr}
 	if q.opts.maxHold > 0 {
 		if err := q.limitHold(bctx, h); err != nil {
 			q.s.releaseName(q.name)
-			return q.cause(ctx, err)
+			return nil, q.cause(ctx, err)
 		}
 	}
-	q.mu.Lock()
-	q.h = h
-	q.mu.Unlock()
-	return nil
+	return h, nil
 }
 
 // holding reports whether q holds, in a mode match accepts.
@@ -589,12 +625,16 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		q.mu.Lock()
 		h.unlocking = false
 		h.maybeDeleted = h.maybeDeleted || send
+		ended := false
 		if h.goneMidUnlock {
 			// The loss watch saw the hold end while the RPC ran, and
 			// has stopped: Done tells now that the hold is over.
-			h.end(nil)
+			ended = h.end(nil)
 		}
 		q.mu.Unlock()
+		if ended {
+			q.reportEnd(h, nil)
+		}
 		return errorf("unlock %s: %w", q.key, err)
 	}
 	q.endHold(ctx, h, endErr)
@@ -1203,9 +1243,9 @@ func (q *queue) keyGone(ctx context.Context, maxLease clientv3.LeaseID) error {
 	case err != nil:
 		return errorf("key %s is gone (lease check failed: %v)", q.key, err)
 	case resp.TTL >= 0: // 0 is a live lease with under 1s left
-		return errorf("key %s was deleted", q.key)
+		return errorf("key %s was %w", q.key, errDeleted)
 	case maxLease != 0:
-		return errorf("max hold lease %x was revoked or expired", maxLease)
+		return errorf("max hold lease %x was %w", maxLease, errRevokedOrExpired)
 	}
 	q.s.lost()
 	return q.s.Err()

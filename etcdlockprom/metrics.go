@@ -1,0 +1,149 @@
+package etcdlockprom
+
+import (
+	"github.com/etcdlock/etcdlock"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Options configures New. The zero value is the default.
+type Options struct {
+	// LockNames adds the label name, the lock's or election's name, to
+	// the metrics of locks. Default false: names can be unbounded.
+	LockNames bool
+	// AcquireBuckets and HoldBuckets are the buckets, in seconds, of
+	// etcdlock_acquire_duration_seconds and etcdlock_hold_duration_seconds.
+	// Default: 1ms to about 1h, each 4 times the last.
+	AcquireBuckets, HoldBuckets []float64
+	// RenewalBuckets are those of etcdlock_lease_renewal_duration_seconds.
+	// Default: prometheus.DefBuckets (5ms to 10s).
+	RenewalBuckets []float64
+}
+
+// defaultBuckets are 1ms, 4ms, 16ms ... about 73 minutes.
+var defaultBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
+
+// Metrics is a prometheus.Collector of the events of the sessions whose
+// Hooks it gives. It is safe for concurrent use.
+type Metrics struct {
+	names bool
+
+	acquire  *prometheus.HistogramVec
+	waiters  *prometheus.GaugeVec
+	holders  *prometheus.GaugeVec
+	hold     *prometheus.HistogramVec
+	renewal  prometheus.Histogram
+	failures prometheus.Counter
+	sessions *prometheus.CounterVec
+}
+
+// New returns the metrics described in the package comment. Register them
+// (prometheus.MustRegister(m)) and give each session m.Hooks().
+func New(o Options) *Metrics {
+	lockLabels := []string{"kind"}
+	if o.LockNames {
+		lockLabels = append(lockLabels, "name")
+	}
+	with := func(extra string) []string {
+		return append(lockLabels[:len(lockLabels):len(lockLabels)], extra)
+	}
+	or := func(b, def []float64) []float64 {
+		if b == nil {
+			return def
+		}
+		return b
+	}
+	return &Metrics{
+		names: o.LockNames,
+		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "etcdlock", Name: "acquire_duration_seconds",
+			Help:    "Time from the start of an acquisition (Lock, RLock, Acquire, Campaign, their Try forms) to its outcome.",
+			Buckets: or(o.AcquireBuckets, defaultBuckets),
+		}, with("outcome")),
+		waiters: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdlock", Name: "waiters",
+			Help: "Acquisitions under way in this process.",
+		}, lockLabels),
+		holders: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdlock", Name: "holders",
+			Help: "Holds of this process, not yet released or known lost; for elections, the elections it leads.",
+		}, lockLabels),
+		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "etcdlock", Name: "hold_duration_seconds",
+			Help:    "How long holds lasted, by how they ended: released, or lost and why.",
+			Buckets: or(o.HoldBuckets, defaultBuckets),
+		}, with("end")),
+		renewal: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "etcdlock", Name: "lease_renewal_duration_seconds",
+			Help:    "Round trip of the session lease renewals that succeeded.",
+			Buckets: or(o.RenewalBuckets, prometheus.DefBuckets),
+		}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "etcdlock", Name: "lease_renewal_failures_total",
+			Help: "Session lease renewals that failed.",
+		}),
+		sessions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdlock", Name: "sessions_ended_total",
+			Help: "Sessions ended, by cause.",
+		}, []string{"cause"}),
+	}
+}
+
+// Hooks returns the hooks that feed m, for etcdlock.WithHooks.
+func (m *Metrics) Hooks() etcdlock.Hooks {
+	return etcdlock.Hooks{
+		AcquireStart: func(i etcdlock.AcquireStartInfo) {
+			m.waiters.WithLabelValues(m.lock(i.LockInfo)...).Inc()
+		},
+		AcquireDone: func(i etcdlock.AcquireDoneInfo) {
+			l := m.lock(i.LockInfo)
+			m.waiters.WithLabelValues(l...).Dec()
+			if i.Outcome == etcdlock.Acquired {
+				m.holders.WithLabelValues(l...).Inc()
+			}
+			m.acquire.WithLabelValues(append(l, i.Outcome.String())...).Observe(i.Waited.Seconds())
+		},
+		HoldDone: func(i etcdlock.HoldDoneInfo) {
+			l := m.lock(i.LockInfo)
+			m.holders.WithLabelValues(l...).Dec()
+			m.hold.WithLabelValues(append(l, i.End.String())...).Observe(i.Held.Seconds())
+		},
+		RenewDone: func(i etcdlock.RenewDoneInfo) {
+			if i.Err != nil {
+				m.failures.Inc()
+				return
+			}
+			m.renewal.Observe(i.Latency.Seconds())
+		},
+		SessionDone: func(i etcdlock.SessionDoneInfo) {
+			m.sessions.WithLabelValues(i.Cause.String()).Inc()
+		},
+	}
+}
+
+// lock returns the label values of a lock's metrics, with room for one more.
+func (m *Metrics) lock(i etcdlock.LockInfo) []string {
+	l := make([]string, 1, 3)
+	l[0] = i.Kind.String()
+	if m.names {
+		l = append(l, i.Name)
+	}
+	return l
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.collectors() {
+		c.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.collectors() {
+		c.Collect(ch)
+	}
+}
+
+func (m *Metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.acquire, m.waiters, m.holders, m.hold, m.renewal, m.failures, m.sessions}
+}
