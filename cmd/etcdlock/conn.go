@@ -189,7 +189,7 @@ func (c *connFlags) explain(err error, access, key string) error {
 		if i := strings.LastIndex(key, "/"); i >= 0 {
 			pfx = key[:i+1]
 		}
-		return fmt.Errorf("%w: etcd user %q may not %s %q (run needs readwrite permission on the keys with prefix %q, status read)", err, c.userName(), access, key, pfx)
+		return fmt.Errorf("%w: etcd user %q may not %s %q (run and elect need readwrite permission on the keys with prefix %q; status, ls and elect --listen read)", err, c.userName(), access, key, pfx)
 	}
 	return err
 }

@@ -233,13 +233,13 @@ func TestAuth(t *testing.T) {
 	// "permission denied" names the user and the key refused.
 	r = runProc(t, nil, "status", eps, "--user", "nobody:pw", name)
 	require.Equal(t, exitConnect, r.code)
-	requireOneLineError(t, r, `permission denied: etcd user "nobody" may not read key "`+name+`/" (run needs readwrite permission on the keys with prefix "`+name+`/", status read)`)
+	requireOneLineError(t, r, `permission denied: etcd user "nobody" may not read key "`+name+`/" (run and elect need readwrite permission on the keys with prefix "`+name+`/"; status, ls and elect --listen read)`)
 	r = runProc(t, nil, "status", eps, "--user", "reader:pw", name)
 	require.Equal(t, 0, r.code, r.stderr)
 	r = runProc(t, nil, "run", eps, "--user", "reader:pw", name, "--", "true")
 	require.Equal(t, exitFailure, r.code)
 	requireOneLineError(t, r, `permission denied: etcd user "reader" may not write key "`+name+`/`)
-	requireOneLineError(t, r, `(run needs readwrite permission on the keys with prefix "`+name+`/", status read)`)
+	requireOneLineError(t, r, `(run and elect need readwrite permission on the keys with prefix "`+name+`/"; status, ls and elect --listen read)`)
 
 	// A user without a password is asked for it on the terminal, with
 	// echo off; the terminal is left as it was, also after Ctrl-C.
