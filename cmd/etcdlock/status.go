@@ -28,7 +28,9 @@ key's create revision is its fencing token. A Mutex, or an RWMutex writer,
 holds alone: the oldest key holds. An RWMutex's readers hold together when
 no writer is ahead of them, and a Semaphore's keys hold while their permits
 fit its capacity; the MODE column then tells each key's kind: exclusive,
-shared (a reader), or "n of capacity" (a Semaphore's permits).
+shared (a reader), or "n of capacity" (a Semaphore's permits). NAME may be
+an election's (etcdlock elect, etcdctl elect): its leader holds, and the
+value it proclaims is shown.
 
 etcd keeps no timestamps, and a lease tells its TTL and what is left of it,
 not when it began. etcdlock run records in its key when it joined the queue,
@@ -125,6 +127,10 @@ type holderJSON struct {
 	PID       int        `json:"pid,omitempty"`
 	Command   string     `json:"command,omitempty"`
 	QueuedAt  *time.Time `json:"queued_at,omitempty"`
+	// The key's value when it is neither a mode nor a holder's record: an
+	// election leader's proposal (etcdlock elect, etcdctl elect, etcd's
+	// and this package's Election), or whatever else the holder put.
+	Value *string `json:"value,omitempty"`
 
 	leaseNote string // why LeaseTTL is absent, for the text output
 }
@@ -213,6 +219,9 @@ func readStatus(ctx context.Context, cli *clientv3.Client, name string) (*status
 		}
 		if rec, ok := readSelfRecord(ctx, cli, name, k); ok {
 			h.Host, h.PID, h.Command, h.QueuedAt, h.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
+		} else if len(k.Value) > 0 && k.Identity == "" && k.Mode.Exclusive() {
+			v := string(k.Value)
+			h.Value = &v
 		}
 		st.Holders = append(st.Holders, h)
 	}
@@ -292,6 +301,9 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 		return
 	}
 	h := st.Holder
+	if h.Value != nil {
+		fmt.Fprintf(w, "value: %s (an election leader's proposal, or what the holder put)\n", strconv.Quote(*h.Value))
+	}
 	fmt.Fprintf(w, "holder's lease: %s\n", h.leaseText())
 	if h.HeldSince == nil && h.QueuedAt == nil {
 		fmt.Fprintf(w, "held since: unknown (etcd keeps no timestamps and the holder recorded none); key created at revision %d\n", h.Token)

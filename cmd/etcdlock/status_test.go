@@ -383,3 +383,32 @@ func rawStatus(t *testing.T, name string) map[string]any {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
 	return st
 }
+
+// TestStatusElection: status shows an election leader's proposal, as
+// Campaign put it and as Proclaim changed it; a Mutex holder shows none.
+func TestStatusElection(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	e := etcdlock.NewElection(newSession(t, cli), name)
+	require.NoError(t, e.Campaign(t.Context(), "primary at 10.0.0.7:8080"))
+
+	r := runProc(t, nil, "status", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "\nvalue: \"primary at 10.0.0.7:8080\" (an election leader's proposal, or what the holder put)\n")
+	st := statusOf(t, name)
+	require.NotNil(t, st.Holder.Value)
+	require.Equal(t, "primary at 10.0.0.7:8080", *st.Holder.Value)
+
+	require.NoError(t, e.Proclaim(t.Context(), "line one\nline two"))
+	r = runProc(t, nil, "status", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, `value: "line one\nline two"`)
+	require.NoError(t, e.Resign(t.Context()))
+
+	other := name + "-mutex"
+	holdLock(t, cli, other)
+	require.Nil(t, statusOf(t, other).Holder.Value)
+	r = runProc(t, nil, "status", ep(), other)
+	require.NotContains(t, r.stdout, "value:")
+}
