@@ -255,6 +255,47 @@ func connectErr(where string, timeout time.Duration, err error) error {
 	return failf(exitConnect, "cannot use etcd at %s: %v", where, err)
 }
 
+// readCmd is the command line of a command that reads locks (status, ls):
+// connection flags, --json, --watch, and one argument.
+type readCmd struct {
+	conn  connFlags
+	json  bool
+	watch bool
+	arg   string
+}
+
+// parseReadCmd parses args of command, whose one argument argName names
+// (as "lock NAME" or "PREFIX") in usage errors, and applies the
+// environment and asks for a password as every command does.
+func parseReadCmd(command, argName, help string, args []string, stdout, stderr io.Writer) (*readCmd, error) {
+	fs := newFlagSet(command)
+	c := &readCmd{}
+	c.conn.register(fs)
+	fs.BoolVar(&c.json, "json", false, "print JSON")
+	fs.BoolVar(&c.watch, "watch", false, "keep watching and show every change, until interrupted")
+	pos, rest, _, err := parseArgs(fs, args, 1, help, stdout)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case len(pos) == 0:
+		return nil, usageErr(command, "missing %s", argName)
+	case pos[0] == "":
+		return nil, usageErr(command, "empty %s", argName)
+	}
+	if len(rest) > 0 {
+		return nil, usageErr(command, "unexpected argument %q after %s", rest[0], argName[strings.LastIndexByte(argName, ' ')+1:])
+	}
+	if err := setupConn(fs, &c.conn, command); err != nil {
+		return nil, err
+	}
+	if err := c.conn.askPassword(command, os.Stdin, stderr); err != nil {
+		return nil, err
+	}
+	c.arg = pos[0]
+	return c, nil
+}
+
 // setupConn applies the environment to the connection flags and checks
 // them.
 func setupConn(fs *flag.FlagSet, c *connFlags, command string) error {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -33,6 +32,20 @@ when it joined the queue (etcdlock run does, by its own clock): if etcd's
 history shows it got the lock the moment it joined, HELD FOR is the time
 since; if it waited (or that history is compacted), HELD FOR is "<=" the
 time since it joined. "?" when nothing was recorded.
+
+With --watch, ls keeps going and shows every change until interrupted
+(SIGINT, SIGTERM or SIGHUP; it then exits 0). It does not poll: it watches
+the keys under PREFIX and reads a lock again when one of its keys changes.
+On a terminal the list is redrawn in place. Otherwise (a pipe, a file, or
+TERM=dumb) it starts with a line per lock, then a line for each lock a
+change touches, in revision order, none skipped:
+
+  TIME  rev REVISION  NAME  STATE  (KEY joined|left|new value, ...)
+
+STATE is "free" or "held by HOLDER for HELD FOR, M waiting". TIME is when
+etcdlock saw the change. With --json each line is a JSON object: a lock of
+ls --json's "locks", with "time", "revision" and "changes". A broken watch
+resumes where it was, as status --watch's does.
 
 Exit codes: 0 listed (also when there is no lock), 2 usage, 3 cannot reach
 etcd, 1 other.
@@ -70,46 +83,34 @@ type lsHolderJSON struct {
 }
 
 func cmdLs(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ls")
-	var conn connFlags
-	conn.register(fs)
-	jsonOut := fs.Bool("json", false, "print JSON")
-	pos, rest, _, err := parseArgs(fs, args, 1, lsHelp, stdout)
+	c, err := parseReadCmd("ls", "PREFIX", lsHelp, args, stdout, stderr)
 	if err != nil {
 		return err
 	}
-	switch {
-	case len(pos) == 0:
-		return usageErr("ls", "missing PREFIX")
-	case pos[0] == "":
-		return usageErr("ls", "empty PREFIX")
-	}
-	if len(rest) > 0 {
-		return usageErr("ls", "unexpected argument %q after PREFIX", rest[0])
-	}
-	if err := setupConn(fs, &conn, "ls"); err != nil {
-		return err
-	}
-	if err := conn.askPassword("ls", os.Stdin, stderr); err != nil {
-		return err
-	}
-	prefix := pos[0]
-	cli, err := conn.connect(context.Background(), prefix)
+	prefix := c.arg
+	cli, err := c.conn.connect(context.Background(), prefix)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
+	// readErr says why listing the locks failed.
+	readErr := func(err error) error {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("list locks under %q: no answer from etcd within %v (--command-timeout)", prefix, c.conn.commandTimeout)
+		}
+		return fmt.Errorf("list locks under %q: %w", prefix, c.conn.explain(err, "read the keys with prefix", prefix))
+	}
+	if c.watch {
+		return watchLs(cli, c, stdout, stderr, readErr)
+	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), conn.commandTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.conn.commandTimeout)
 	defer cancel()
-	ls, err := readLs(ctx, cli, prefix)
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("list locks under %q: no answer from etcd within %v (--command-timeout)", prefix, conn.commandTimeout)
-	}
+	ls, err := readLs(ctx, cli, prefix, readSelfRecord)
 	if err != nil {
-		return fmt.Errorf("list locks under %q: %w", prefix, conn.explain(err, "read the keys with prefix", prefix))
+		return readErr(err)
 	}
-	if *jsonOut {
+	if c.json {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(ls)
@@ -120,24 +121,30 @@ func cmdLs(args []string, stdout, stderr io.Writer) error {
 
 // readLs lists the locks under prefix, and for each holder that recorded
 // when it queued, whether it got the lock at once.
-func readLs(ctx context.Context, cli *clientv3.Client, prefix string) (*lsJSON, error) {
+func readLs(ctx context.Context, cli *clientv3.Client, prefix string, record recordReader) (*lsJSON, error) {
 	l, err := etcdlock.ListLocks(ctx, cli, prefix)
 	if err != nil {
 		return nil, err
 	}
 	out := &lsJSON{Prefix: prefix, Revision: l.Revision, Locks: []lsLockJSON{}}
 	for _, lk := range l.Locks {
-		j := lsLockJSON{Name: lk.Name, Waiters: lk.Waiters}
-		for _, h := range lk.Holders {
-			hj := lsHolderJSON{Key: h.Key, Lease: fmt.Sprintf("%x", int64(h.Lease)), Token: h.Token, Mode: h.Mode.String(), Identity: h.Identity}
-			if rec, ok := readSelfRecord(ctx, cli, lk.Name, h); ok {
-				hj.Host, hj.PID, hj.Command, hj.QueuedAt, hj.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
-			}
-			j.Holders = append(j.Holders, hj)
-		}
-		out.Locks = append(out.Locks, j)
+		out.Locks = append(out.Locks, newLsLock(ctx, cli, lk.Name, lk.Holders, lk.Waiters, record))
 	}
 	return out, nil
+}
+
+// newLsLock tells lock name, with what its holders recorded about
+// themselves as record reads it.
+func newLsLock(ctx context.Context, cli *clientv3.Client, name string, holders []etcdlock.QueueKey, waiters int, record recordReader) lsLockJSON {
+	j := lsLockJSON{Name: name, Holders: []lsHolderJSON{}, Waiters: waiters}
+	for _, h := range holders {
+		hj := lsHolderJSON{Key: h.Key, Lease: fmt.Sprintf("%x", int64(h.Lease)), Token: h.Token, Mode: h.Mode.String(), Identity: h.Identity}
+		if rec, ok := record(ctx, cli, name, h); ok {
+			hj.Host, hj.PID, hj.Command, hj.QueuedAt, hj.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
+		}
+		j.Holders = append(j.Holders, hj)
+	}
+	return j
 }
 
 // printLs prints ls as a table, a lock a line.
@@ -182,4 +189,137 @@ func (h lsHolderJSON) heldFor(now time.Time) string {
 		return "<=" + fmtDur(max(0, now.Sub(*h.QueuedAt)))
 	}
 	return "?"
+}
+
+// lsWatchJSON is a line of ls --watch --json: a lock after a change, when
+// etcdlock saw it, and what the change was (none for the locks listed
+// first, and after etcd compacted the history the watch needed). A lock
+// that became free has no holders and no waiters.
+type lsWatchJSON struct {
+	Time     time.Time   `json:"time"`
+	Revision int64       `json:"revision"`
+	Changes  []keyChange `json:"changes"`
+	lsLockJSON
+}
+
+// watchLs lists the locks under the prefix, then every change of them
+// until SIGINT, SIGTERM or SIGHUP: on a terminal the list is redrawn; else
+// each lock that changed is a line (with --json, a JSON object), in the
+// order of the revisions that changed them. Each change costs one read
+// (for the lines, of the lock that changed at the change's revision);
+// nothing polls.
+func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr func(error) error) error {
+	ctx, stop := watchContext()
+	defer stop()
+	prefix := c.arg
+	tty := !c.json && isTTY(stdout)
+	records := selfRecords{}
+	var shown int64 // the revision of the state shown last
+	line := func(rev int64, lk lsLockJSON, changes []keyChange) {
+		now := time.Now()
+		if c.json {
+			if changes == nil {
+				changes = []keyChange{}
+			}
+			json.NewEncoder(stdout).Encode(lsWatchJSON{Time: now, Revision: rev, Changes: changes, lsLockJSON: lk})
+			return
+		}
+		state := "free"
+		if len(lk.Holders) > 0 {
+			h := lk.Holders[0]
+			state = "held by " + h.holderText()
+			if n := len(lk.Holders) - 1; n > 0 {
+				state += fmt.Sprintf(" and %d more", n)
+			}
+			state += fmt.Sprintf(" for %s, %d waiting", h.heldFor(now), lk.Waiters)
+		}
+		s := fmt.Sprintf("%s  rev %d  %s  %s", now.Format(stampLayout), rev, lk.Name, state)
+		if len(changes) > 0 {
+			s += "  " + changesText(changes)
+		}
+		fmt.Fprintln(stdout, s)
+	}
+	f := &follower{
+		cli: cli, prefix: prefix, what: fmt.Sprintf("locks under %q", prefix), stderr: stderr,
+		oneRevision: !tty,
+		resync: func(ctx context.Context) (int64, error) {
+			rctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
+			defer cancel()
+			ls, err := readLs(rctx, cli, prefix, records.read)
+			if err != nil {
+				return 0, readErr(err)
+			}
+			shown = ls.Revision
+			switch {
+			case tty:
+				var b strings.Builder
+				printLs(&b, ls, time.Now())
+				frame(stdout, "etcdlock ls "+prefix+" --watch", b.String())
+			case len(ls.Locks) == 0 && !c.json:
+				fmt.Fprintf(stdout, "%s  rev %d  no locks under %q\n", time.Now().Format(stampLayout), ls.Revision, prefix)
+			}
+			if !tty {
+				for _, lk := range ls.Locks {
+					line(ls.Revision, lk, nil)
+				}
+			}
+			return ls.Revision, nil
+		},
+		change: func(ctx context.Context, rev int64, evs []*clientv3.Event) error {
+			if rev <= shown {
+				return nil
+			}
+			if tty {
+				// The terminal shows the list as it is now: one read
+				// may cover several changes.
+				rctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
+				defer cancel()
+				ls, err := readLs(rctx, cli, prefix, records.read)
+				if err != nil {
+					return readErr(err)
+				}
+				shown = ls.Revision
+				var b strings.Builder
+				printLs(&b, ls, time.Now())
+				frame(stdout, "etcdlock ls "+prefix+" --watch", b.String())
+				return nil
+			}
+			var names []string // the locks that changed, in the order of their first event
+			changes := map[string][]keyChange{}
+			for _, ev := range evs {
+				name, ok := lockOf(prefix, string(ev.Kv.Key))
+				if !ok {
+					continue
+				}
+				if changes[name] == nil {
+					names = append(names, name)
+				}
+				changes[name] = append(changes[name], newKeyChange(ev))
+			}
+			for _, name := range names {
+				rctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
+				q, err := etcdlock.InspectLock(rctx, cli, name, etcdlock.AtRevision(rev))
+				if err != nil {
+					cancel()
+					return readErr(err)
+				}
+				lk := newLsLock(rctx, cli, name, q.Holders(), len(q.Waiters()), records.read)
+				cancel()
+				line(rev, lk, changes[name])
+			}
+			shown = rev
+			return nil
+		},
+	}
+	return f.run(ctx)
+}
+
+// lockOf returns the lock under prefix that key belongs to, as ListLocks
+// counts them: key is name/x, x without "/", and name starts with prefix.
+func lockOf(prefix, key string) (string, bool) {
+	i := strings.LastIndexByte(key, '/')
+	if i < len(prefix) || i == len(key)-1 || i == 0 || !strings.HasPrefix(key, prefix) {
+		return "", false
+	}
+	return key[:i], true
 }

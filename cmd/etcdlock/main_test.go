@@ -183,24 +183,36 @@ func readLines(r io.ReadCloser) *lines {
 // waitFor returns the first line that contains s, waiting for it.
 func (l *lines) waitFor(t *testing.T, s string) string {
 	t.Helper()
+	return l.wait(t, fmt.Sprintf("line with %q", s), func(all []string) (string, bool) {
+		for _, line := range all {
+			if strings.Contains(line, s) {
+				return line, true
+			}
+		}
+		return "", false
+	})
+}
+
+// wait waits until find finds what it looks for in the lines so far, and
+// returns it; what names it in the failure.
+func (l *lines) wait(t *testing.T, what string, find func(all []string) (string, bool)) string {
+	t.Helper()
 	timeout := time.After(procTimeout)
 	for {
 		l.mu.Lock()
-		for _, line := range l.all {
-			if strings.Contains(line, s) {
-				l.mu.Unlock()
-				return line
-			}
-		}
+		found, ok := find(l.all)
 		eof, changed := l.eof, l.changed
 		l.mu.Unlock()
+		if ok {
+			return found
+		}
 		if eof {
-			t.Fatalf("no line with %q before EOF; got:\n%s", s, l.String())
+			t.Fatalf("no %s before EOF; got:\n%s", what, l.String())
 		}
 		select {
 		case <-changed:
 		case <-timeout:
-			t.Fatalf("no line with %q; got:\n%s", s, l.String())
+			t.Fatalf("no %s; got:\n%s", what, l.String())
 		}
 	}
 }

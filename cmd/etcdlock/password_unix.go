@@ -93,3 +93,10 @@ func readPassword(f *os.File, prompt string, w io.Writer) (password string, ok b
 		return "", true, failf(exitSignalBase+signalNumber(sig), "interrupted by %s at the password prompt", sigName(sig))
 	}
 }
+
+// isTerminalDevice reports whether f is a terminal, whether or not it is
+// this process's controlling terminal.
+func isTerminalDevice(f *os.File) bool {
+	var t syscall.Termios
+	return termios(f, ioctlGetTermios, &t) == nil
+}

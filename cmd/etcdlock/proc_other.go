@@ -48,3 +48,7 @@ func sigName(sig os.Signal) string { return sig.String() }
 func readPassword(*os.File, string, io.Writer) (password string, ok bool, err error) {
 	return "", false, nil
 }
+
+// isTerminalDevice reports whether f is a terminal; here, where that is
+// not checked, never: output is plain lines.
+func isTerminalDevice(*os.File) bool { return false }

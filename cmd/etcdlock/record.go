@@ -71,6 +71,10 @@ type selfRecord struct {
 	Queued, HeldSince *time.Time
 }
 
+// A recordReader reads what holder k of lock name recorded about itself:
+// readSelfRecord, or a watch's selfRecords.read that reads each once.
+type recordReader func(ctx context.Context, cli *clientv3.Client, name string, k etcdlock.QueueKey) (selfRecord, bool)
+
 // readSelfRecord reads what holder k of lock name recorded about itself;
 // false if nothing that etcdlock run writes. For run's identity it asks
 // etcd's history whether k got the lock the moment it joined (one read).

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +37,23 @@ by its own clock: "held since" is that time when etcd's history shows it got
 the lock the moment it joined, and else unknown but at most the time since
 it joined (it waited for part of it, or the history is compacted). A holder
 that recorded nothing: unknown.
+
+With --watch, status keeps going and shows every change of the queue
+until interrupted (SIGINT, SIGTERM or SIGHUP; it then exits 0). It does
+not poll: it watches the keys NAME/ and reads the queue again when one
+changes. On a terminal the view is redrawn in place. Otherwise (a pipe, a
+file, or TERM=dumb) each state is a line, every revision that changed the
+queue one, in order, none skipped:
+
+  TIME  rev REVISION  STATE  (KEY joined|left|new value, ...)
+
+STATE is "free" or "held by KEY (token N, ...), M waiting". TIME is when
+etcdlock saw the change. A key that "left" unlocked, gave up waiting, or
+went with its lease: etcd does not say which. With --json, each line is a
+JSON object: status --json's fields, "time" and "changes". If the watch
+breaks (etcd unreachable), status says so on stderr and resumes where it
+was; if etcd has compacted the history it needed, it says so and shows the
+queue as it is now.
 
 Exit codes: 0 shown (held or free), 2 usage, 3 cannot reach etcd, 1 other.
 ` + connHelp
@@ -144,47 +160,34 @@ type waiterJSON struct {
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("status")
-	var conn connFlags
-	conn.register(fs)
-	jsonOut := fs.Bool("json", false, "print JSON")
-	pos, rest, _, err := parseArgs(fs, args, 1, statusHelp, stdout)
+	c, err := parseReadCmd("status", "lock NAME", statusHelp, args, stdout, stderr)
 	if err != nil {
 		return err
 	}
-	switch {
-	case len(pos) == 0:
-		return usageErr("status", "missing lock NAME")
-	case pos[0] == "":
-		return usageErr("status", "empty lock NAME")
-	}
-	if len(rest) > 0 {
-		return usageErr("status", "unexpected argument %q after NAME", rest[0])
-	}
-	if err := setupConn(fs, &conn, "status"); err != nil {
-		return err
-	}
-	if err := conn.askPassword("status", os.Stdin, stderr); err != nil {
-		return err
-	}
-	name := pos[0]
-
-	cli, err := conn.connect(context.Background(), name+"/")
+	name := c.arg
+	cli, err := c.conn.connect(context.Background(), name+"/")
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
+	// readErr says why reading the lock failed.
+	readErr := func(err error) error {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("read lock %q: no answer from etcd within %v (--command-timeout)", name, c.conn.commandTimeout)
+		}
+		return fmt.Errorf("read lock %q: %w", name, c.conn.explain(err, "read the keys with prefix", name+"/"))
+	}
+	if c.watch {
+		return watchStatus(cli, c, stdout, stderr, readErr)
+	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), conn.commandTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.conn.commandTimeout)
 	defer cancel()
 	st, err := readStatus(ctx, cli, name)
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("read lock %q: no answer from etcd within %v (--command-timeout)", name, conn.commandTimeout)
-	}
 	if err != nil {
-		return fmt.Errorf("read lock %q: %w", name, conn.explain(err, "read the keys with prefix", name+"/"))
+		return readErr(err)
 	}
-	if *jsonOut {
+	if c.json {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
@@ -201,6 +204,13 @@ func readStatus(ctx context.Context, cli *clientv3.Client, name string) (*status
 	if err != nil {
 		return nil, err
 	}
+	return newStatus(ctx, cli, q, readSelfRecord), nil
+}
+
+// newStatus tells queue q, with what its holders recorded about
+// themselves as record reads it.
+func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue, record recordReader) *statusJSON {
+	name := q.Name
 	st := &statusJSON{Name: name, Revision: q.Revision, Holders: []*holderJSON{}, Waiters: []waiterJSON{}}
 	for i, k := range q.Waiters() {
 		st.Waiters = append(st.Waiters, waiterJSON{Position: i + 1, Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode)})
@@ -217,7 +227,7 @@ func readStatus(ctx context.Context, cli *clientv3.Client, name string) (*status
 		default:
 			h.LeaseTTL, h.LeaseTTLLeft = &k.GrantedTTL, &k.TTL
 		}
-		if rec, ok := readSelfRecord(ctx, cli, name, k); ok {
+		if rec, ok := record(ctx, cli, name, k); ok {
 			h.Host, h.PID, h.Command, h.QueuedAt, h.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
 		} else if len(k.Value) > 0 && k.Identity == "" && k.Mode.Exclusive() {
 			v := string(k.Value)
@@ -228,7 +238,7 @@ func readStatus(ctx context.Context, cli *clientv3.Client, name string) (*status
 	if len(st.Holders) > 0 {
 		st.Holder = st.Holders[0]
 	}
-	return st, nil
+	return st
 }
 
 // printStatus prints st as a table. labels, when not nil, names keys (the
@@ -374,4 +384,126 @@ func (h *holderJSON) sinceText(now time.Time) string {
 	}
 	return fmt.Sprintf("held since: %s (%s ago), as recorded by the holder's clock\nholder: etcdlock run%s",
 		h.HeldSince.Local().Format(layout), fmtDur(max(0, now.Sub(*h.HeldSince))), who)
+}
+
+// statusWatchJSON is a line of status --watch --json: the queue after a
+// change, when etcdlock saw it, and what the change was (none on the
+// first line, and after etcd compacted the history the watch needed).
+type statusWatchJSON struct {
+	Time    time.Time   `json:"time"`
+	Changes []keyChange `json:"changes"`
+	statusJSON
+}
+
+// watchStatus shows the queue of the lock, then every change of it until
+// SIGINT, SIGTERM or SIGHUP: on a terminal the view is redrawn; else each
+// state is a line (with --json, a JSON object), every revision that
+// changed the queue one, in order. Each change costs one read of the
+// queue (at the change's revision for the lines); nothing polls.
+func watchStatus(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr func(error) error) error {
+	ctx, stop := watchContext()
+	defer stop()
+	name := c.arg
+	tty := !c.json && isTTY(stdout)
+	records := selfRecords{}
+	read := func(ctx context.Context, opts ...etcdlock.InspectOption) (*statusJSON, error) {
+		rctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
+		defer cancel()
+		q, err := etcdlock.InspectLock(rctx, cli, name, opts...)
+		if err != nil {
+			return nil, readErr(err)
+		}
+		return newStatus(rctx, cli, q, records.read), nil
+	}
+	var shown int64 // the revision of the state shown last
+	show := func(st *statusJSON, changes []keyChange) {
+		shown = st.Revision
+		switch {
+		case tty:
+			var b strings.Builder
+			printStatus(&b, st, nil, time.Now())
+			frame(stdout, "etcdlock status "+name+" --watch", b.String())
+		case c.json:
+			if changes == nil {
+				changes = []keyChange{}
+			}
+			json.NewEncoder(stdout).Encode(statusWatchJSON{Time: time.Now(), Changes: changes, statusJSON: *st})
+		default:
+			line := fmt.Sprintf("%s  rev %d  %s", time.Now().Format(stampLayout), st.Revision, statusLine(st))
+			if len(changes) > 0 {
+				line += "  " + changesText(changes)
+			}
+			fmt.Fprintln(stdout, line)
+		}
+	}
+	f := &follower{
+		cli: cli, prefix: name + "/", what: fmt.Sprintf("lock %q", name), stderr: stderr,
+		oneRevision: !tty,
+		resync: func(ctx context.Context) (int64, error) {
+			st, err := read(ctx, etcdlock.HolderLeasesOnly())
+			if err != nil {
+				return 0, err
+			}
+			show(st, nil)
+			return st.Revision, nil
+		},
+		change: func(ctx context.Context, rev int64, evs []*clientv3.Event) error {
+			var changes []keyChange
+			for _, ev := range evs {
+				if isQueueKey(name, string(ev.Kv.Key)) {
+					changes = append(changes, newKeyChange(ev))
+				}
+			}
+			if len(changes) == 0 || rev <= shown {
+				return nil // a nested lock's key, or shown already
+			}
+			if tty {
+				// The terminal shows the queue as it is now, with the
+				// holders' leases: one read may cover several changes.
+				changes = nil
+				st, err := read(ctx, etcdlock.HolderLeasesOnly())
+				if err == nil {
+					show(st, nil)
+				}
+				return err
+			}
+			st, err := read(ctx, etcdlock.AtRevision(rev))
+			if err == nil {
+				show(st, changes)
+			}
+			return err
+		},
+	}
+	return f.run(ctx)
+}
+
+// isQueueKey reports whether key is one of the queue of lock name: a
+// direct child name/x, as InspectLock counts them.
+func isQueueKey(name, key string) bool {
+	rest, ok := strings.CutPrefix(key, name+"/")
+	return ok && rest != "" && !strings.Contains(rest, "/")
+}
+
+// statusLine tells st on one line: "free", or "held by KEY (token N, who),
+// 2 waiting".
+func statusLine(st *statusJSON) string {
+	if st.Holder == nil {
+		return "free"
+	}
+	h := st.Holder
+	about := fmt.Sprintf("token %d", h.Token)
+	switch {
+	case h.QueuedAt != nil || h.HeldSince != nil:
+		about += ", " + runRecord{Host: h.Host, PID: h.PID, Command: h.Command}.who()
+	case h.Value != nil:
+		about += ", value " + strconv.Quote(*h.Value)
+	}
+	if h.Mode != "exclusive" {
+		about += ", " + h.modeJSON.String()
+	}
+	s := fmt.Sprintf("held by %s (%s)", h.Key, about)
+	if n := len(st.Holders) - 1; n > 0 {
+		s += fmt.Sprintf(" and %d more", n)
+	}
+	return s + fmt.Sprintf(", %d waiting", len(st.Waiters))
 }
