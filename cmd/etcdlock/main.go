@@ -7,8 +7,8 @@
 //	etcdlock run [flags] NAME                  hold the lock NAME until a signal, printing its key
 //	etcdlock elect [flags] NAME [VALUE] -- CMD  lead the election NAME while CMD runs
 //	etcdlock elect --listen [--json] NAME      print the leader of NAME and every change
-//	etcdlock status [flags] NAME               show the holders and the waiters of NAME
-//	etcdlock ls [flags] PREFIX                 list every lock under PREFIX: holder, held for, waiters
+//	etcdlock status [flags] NAME               show the holders and the waiters of NAME (--watch: and every change)
+//	etcdlock ls [flags] PREFIX                 list every lock under PREFIX: holder, held for, waiters (--watch: and every change)
 //	etcdlock version                           show the versions of etcdlock, Go and the etcd client
 //
 // Locks are those of package etcdlock: the key NAME/<lease ID in hex>, bound
@@ -127,8 +127,10 @@ Usage:
   etcdlock elect --listen [--json] NAME       print the leader of NAME and
                                               every change
   etcdlock status [flags] NAME                show the holders and waiters of NAME
+                                              (--watch: and every change)
   etcdlock ls [flags] PREFIX                  list every lock under PREFIX: its
                                               holder, held for, waiters
+                                              (--watch: and every change)
   etcdlock version                            show the versions of etcdlock, Go
                                               and the etcd client
   etcdlock help [COMMAND]                     show help
