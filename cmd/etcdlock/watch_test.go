@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -315,4 +316,27 @@ func TestWatchResumes(t *testing.T) {
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
 	require.Equal(t, 0, p.wait(t), p.stderr.String())
 	requireRevisionsRise(t, strings.Split(strings.TrimSuffix(p.stdout.String(), "\n"), "\n"))
+}
+
+// TestStatusWatchElection: an election's leader shows with its value, and
+// a Proclaim is a change of its own ("new value").
+func TestStatusWatchElection(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	ctx := t.Context()
+	name := lockName(t)
+	s, err := etcdlock.NewSession(cli)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	e := etcdlock.NewElection(s, name)
+	require.NoError(t, e.Campaign(ctx, "10.0.0.1:8080"))
+
+	p := startProc(t, nil, "status", "--watch", ep(), name)
+	k := regexp.QuoteMeta(e.Key())
+	require.Regexp(t, `  held by `+k+` \(token \d+, value "10\.0\.0\.1:8080"\), 0 waiting$`, p.stdout.waitLine(t, 0))
+	require.NoError(t, e.Proclaim(ctx, "10.0.0.2:8080"))
+	require.Regexp(t, `  held by `+k+` \(token \d+, value "10\.0\.0\.2:8080"\), 0 waiting  \(`+k+` new value\)$`, p.stdout.waitLine(t, 1))
+	require.NoError(t, e.Resign(ctx))
+	require.Regexp(t, `  free  \(`+k+` left\)$`, p.stdout.waitLine(t, 2))
+	stopWatch(t, p)
 }
