@@ -62,9 +62,10 @@ func (f *follower) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err != nil {
-			fmt.Fprintf(f.stderr, "etcdlock: watching %s: %s; resuming after revision %d\n", f.what, detail(err), rev)
+		if err == nil {
+			continue // read afresh after a compaction: watch on at once
 		}
+		fmt.Fprintf(f.stderr, "etcdlock: watching %s: %s; resuming after revision %d\n", f.what, detail(err), rev)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -89,7 +90,7 @@ func (f *follower) follow(ctx context.Context, rev int64) (int64, error) {
 		}
 		switch {
 		case !ok:
-			return rev, errors.New("the watch ended")
+			return rev, errors.New("the watch ended") // the client is closing
 		case resp.CompactRevision != 0:
 			// The changes after rev are gone from etcd's history: what
 			// is shown next is the state now.
