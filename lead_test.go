@@ -237,7 +237,8 @@ func TestLeadEndReleases(t *testing.T) {
 // after the TTL and sends another, so that once the link is back (a new
 // route to etcd: the cut connection stays silent) it leads again; before
 // the fix the first Grant waited for ctx. Lead's ctx ending while a Grant
-// waits makes Lead return at once.
+// waits makes Lead return at once; while it leads, within the 5s its
+// resign may take, however long the TTL.
 func TestLeadCutOff(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for leases to expire")
@@ -252,11 +253,12 @@ func TestLeadCutOff(t *testing.T) {
 			t.Fatalf("no %s within %v", what, d)
 		}
 	}
-	// cutOff starts Lead on a client through a proxy, cuts the proxy once
-	// Lead leads, and waits for the loss and the Grant that follows it. It
-	// returns the client, a channel that receives each Grant the client
-	// sends and each term's start, Lead's cancel and its result.
-	cutOff := func(t *testing.T) (cli *clientv3.Client, grants, started <-chan struct{}, cancel context.CancelFunc, done <-chan error) {
+	// cutOff starts Lead with ttl on a client through a proxy, cuts the
+	// proxy once Lead leads and, if lose, waits for the loss and the Grant
+	// that follows it. It returns the client, a channel that receives each
+	// Grant the client sends and each term's start, Lead's cancel and its
+	// result.
+	cutOff := func(t *testing.T, ttl time.Duration, lose bool) (cli *clientv3.Client, grants, started <-chan struct{}, cancel context.CancelFunc, done <-chan error) {
 		name := lockName(t)
 		px := etcdtest.NewProxy(t, endpoints[0])
 		grantc := make(chan struct{}, 16)
@@ -287,6 +289,9 @@ func TestLeadCutOff(t *testing.T) {
 		waitFor(t, grantc, 10*time.Second, "Grant")
 		waitFor(t, startc, 10*time.Second, "term")
 		px.Cut()
+		if !lose {
+			return cli, grantc, startc, cancel, res
+		}
 		waitFor(t, stopped, ttl+time.Second, "loss of the leadership")
 		// The fresh session's Grant goes into the cut link.
 		waitFor(t, grantc, 10*time.Second, "Grant after the loss")
@@ -294,7 +299,7 @@ func TestLeadCutOff(t *testing.T) {
 	}
 
 	t.Run("ctx ends", func(t *testing.T) {
-		_, _, _, cancel, done := cutOff(t)
+		_, _, _, cancel, done := cutOff(t, ttl, true)
 		cancel()
 		select {
 		case err := <-done:
@@ -303,8 +308,22 @@ func TestLeadCutOff(t *testing.T) {
 			t.Fatal("Lead did not return within 1s of its ctx's end")
 		}
 	})
+	t.Run("ctx ends while leading", func(t *testing.T) {
+		// The resign cannot reach etcd: it gives up after 5s, not the
+		// TTL, and the lease is left to expire rather than revoked (a
+		// revoke would wait for the TTL too).
+		const ttl = 10 * time.Second
+		_, _, _, cancel, done := cutOff(t, ttl, false)
+		cancel()
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, context.Canceled)
+		case <-time.After(6 * time.Second):
+			t.Fatalf("Lead did not return within 6s of its ctx's end (TTL %v)", ttl)
+		}
+	})
 	t.Run("link back", func(t *testing.T) {
-		cli, grants, started, cancel, done := cutOff(t)
+		cli, grants, started, cancel, done := cutOff(t, ttl, true)
 		// Given up after the TTL, the Grant is sent again after the
 		// backoff (up to 5s).
 		waitFor(t, grants, ttl+6*time.Second, "second Grant after the loss")
