@@ -320,8 +320,8 @@ func (e *reporter) holdDone(i HoldDoneInfo) {
 		if i.Kind == KindElection {
 			msg = "etcdlock: leadership lost"
 		}
-		// Closing a session that holds locks (as Lead does when it
-		// returns) releases them on purpose: no cause for a warning.
+		// Closing a session that holds locks releases them on
+		// purpose: no cause for a warning.
 		level := slog.LevelWarn
 		if i.End == LostSessionClosed {
 			level = slog.LevelInfo

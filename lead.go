@@ -13,21 +13,22 @@ import (
 // error wrapping ErrInvalidOption.
 type LeadOption func(*leadOptions) error
 
-// leadOptions holds Lead's settings; the zero value is the default.
+// leadOptions holds Lead's settings; Lead sets the defaults.
 type leadOptions struct {
 	session  []SessionOption
+	ttl      time.Duration // the TTL session sets: it bounds each Grant
 	observer func(Leader)
 }
 
 // WithSessionOptions sets the options of the sessions Lead makes, one per
 // candidacy: WithTTL sets how long a dead leader keeps the leadership.
 // WithLease is an error (each candidacy needs a lease of its own), and
-// WithContext is overridden (Lead binds each session to its ctx). Default:
-// none, so the TTL is DefaultTTL.
+// WithContext is overridden (Lead ends each session itself, after it
+// resigned). Default: none, so the TTL is DefaultTTL.
 func WithSessionOptions(opts ...SessionOption) LeadOption {
 	return func(o *leadOptions) error {
 		so := defaultSessionOptions()
-		for _, opt := range opts {
+		for _, opt := range append(o.session[:len(o.session):len(o.session)], opts...) {
 			if err := opt(&so); err != nil {
 				return err
 			}
@@ -36,6 +37,7 @@ func WithSessionOptions(opts ...SessionOption) LeadOption {
 			return errorf("%w: WithLease: each candidacy of Lead needs a lease of its own", ErrInvalidOption)
 		}
 		o.session = append(o.session, opts...)
+		o.ttl = so.ttl
 		return nil
 	}
 }
@@ -68,13 +70,18 @@ func WithObserver(f func(Leader)) LeadOption {
 //     campaigns again.
 //   - After a loss, or a failed Campaign, Lead campaigns again with a fresh
 //     Session, after a backoff (50ms, doubling up to 5s; reset by a term
-//     that lasted that long), until ctx ends.
+//     that lasted that long), until ctx ends. A fresh Session's Grant that
+//     etcd does not answer within the TTL is given up, and tried again
+//     after the backoff: a Grant sent into a dead link never blocks Lead.
 //   - If fn returns while still the leader, Lead resigns and returns fn's
 //     error (nil included).
-//   - When ctx ends, Lead waits for fn to return, resigns (it revokes the
-//     session's lease: the next candidate wins at once) and returns ctx's
-//     error. If etcd is out of reach, the revoke gives up after the TTL and
-//     the lease expires on its own.
+//   - When ctx ends, Lead waits for fn to return, resigns (the next
+//     candidate wins at once) and returns ctx's error.
+//   - Lead resigns before it ends the session, so that Hooks report the
+//     term's end as Released, not as a loss. It then revokes the session's
+//     lease. If etcd is out of reach, the resign gives up after 5s or when
+//     the session ends, whichever comes first, and the lease, not revoked,
+//     expires on its own within the TTL.
 //
 // There is no "stopped leading" callback: fn's return is the end of a
 // term, so nothing runs for a term that never began (client-go's
@@ -85,7 +92,7 @@ func WithObserver(f func(Leader)) LeadOption {
 // closed; every other error passes with a new candidacy. With
 // WithObserver, it also returns the error that ends the observation.
 func Lead(ctx context.Context, cli *clientv3.Client, name, value string, fn func(ctx context.Context) error, opts ...LeadOption) error {
-	var o leadOptions
+	o := leadOptions{ttl: DefaultTTL}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return err
@@ -126,7 +133,7 @@ func Lead(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 	backoff := minBackoff
 	for {
 		started := time.Now()
-		again, err := term(ctx, cli, name, value, fn, o.session)
+		again, err := term(ctx, cli, name, value, fn, &o)
 		if !again {
 			return err
 		}
@@ -140,18 +147,25 @@ func Lead(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 }
 
 // term is one candidacy of Lead, with a session of its own: it campaigns,
-// runs fn while leader, and closes the session, which resigns. It reports
-// whether Lead is to campaign again, and otherwise what Lead returns.
-func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func(ctx context.Context) error, sopts []SessionOption) (again bool, _ error) {
-	// The session ends with ctx (its lease is left, not revoked: fn may
-	// still run); Close below revokes it once fn has returned.
-	s, err := NewSession(cli, append(sopts[:len(sopts):len(sopts)], WithContext(ctx))...)
+// runs fn while leader, resigns and ends the session. It reports whether
+// Lead is to campaign again, and otherwise what Lead returns.
+func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func(ctx context.Context) error, o *leadOptions) (again bool, _ error) {
+	// The session is not bound to ctx: when ctx ends, fn's ctx ends, and
+	// the session must outlive fn's return for the resign, so that Hooks
+	// see a release and not a session_closed loss. term ends it. The Grant
+	// is bound to ctx, and to the TTL: a Grant sent into a dead link is
+	// never answered (its lease, granted that late, would have little
+	// life left anyway), and Lead tries again after a backoff.
+	gctx, cancelGrant := context.WithTimeout(ctx, o.ttl)
+	sopts := append(o.session[:len(o.session):len(o.session)], WithContext(context.WithoutCancel(ctx)), withRPCContext(gctx))
+	s, err := NewSession(cli, sopts...)
+	cancelGrant()
 	if err != nil {
 		return leadAgain(ctx, cli, err)
 	}
-	defer s.Close()
 	e := NewElection(s, name)
 	if err := e.Campaign(ctx, value); err != nil {
+		endSession(s, nil)
 		return leadAgain(ctx, cli, err)
 	}
 
@@ -175,13 +189,35 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 	<-watcherDone
 	lost := context.Cause(fctx)
 	cancel(nil)
+
+	// Resign, also after a loss (it then only forgets the leadership).
+	// It is bounded, as hold.go's unlock attempts are, and by the session:
+	// once the session has ended, the key goes with the lease.
+	rctx, cancelResign := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	bctx, unbind := s.bound(rctx)
+	rerr := e.Resign(bctx)
+	unbind()
+	cancelResign()
+	endSession(s, rerr)
 	switch {
 	case ctx.Err() != nil:
 		return false, context.Cause(ctx)
 	case lost != nil:
 		return true, lost
 	}
-	return false, fnErr // Close resigns
+	return false, fnErr
+}
+
+// endSession ends a term's session s once its election was resigned with
+// error rerr: Close revokes the lease, unless the session has ended
+// already or the resign failed (etcd out of reach: a revoke would wait
+// for the TTL too), and then Orphan leaves it to expire.
+func endSession(s *Session, rerr error) {
+	if s.Err() != nil || rerr != nil && !errors.Is(rerr, ErrLockLost) {
+		s.Orphan()
+		return
+	}
+	s.Close()
 }
 
 // leadAgain reports whether Lead campaigns again after err, and

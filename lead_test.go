@@ -14,6 +14,7 @@ import (
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // TestLeadFailover runs three instances of a primary/standby service with
@@ -181,4 +182,157 @@ func ExampleLead() {
 	// Output:
 	// leading
 	// Lead returned: <nil>
+}
+
+// TestLeadEndReleases: a term that ends normally, by fn's return or by
+// Lead's ctx, is a release to Hooks, not a loss: Lead resigns before it
+// ends the session (else the session's end reported the leadership lost
+// with cause session_closed). The key is gone when Lead returns.
+func TestLeadEndReleases(t *testing.T) {
+	for _, end := range []string{"fn returns", "ctx ends"} {
+		t.Run(end, func(t *testing.T) {
+			cli := newClient(t)
+			name := lockName(t)
+			var (
+				mu    sync.Mutex
+				holds []etcdlock.HoldDoneInfo
+			)
+			hooks := etcdlock.Hooks{HoldDone: func(i etcdlock.HoldDoneInfo) {
+				mu.Lock()
+				defer mu.Unlock()
+				holds = append(holds, i)
+			}}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			fn := func(context.Context) error { return nil }
+			want := error(nil)
+			if end == "ctx ends" {
+				fn = func(fctx context.Context) error {
+					cancel()
+					<-fctx.Done()
+					return context.Cause(fctx)
+				}
+				want = context.Canceled
+			}
+			err := etcdlock.Lead(ctx, cli, name, "v", fn, etcdlock.WithSessionOptions(etcdlock.WithHooks(hooks)))
+			if want == nil {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, want)
+			}
+			require.Empty(t, keys(t, cli, name), "Lead did not resign")
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, holds, 1)
+			require.Equal(t, etcdlock.KindElection, holds[0].Kind)
+			require.Equal(t, etcdlock.Released.String(), holds[0].End.String(), "HoldDone: %v", holds[0].Err)
+			require.NoError(t, holds[0].Err)
+		})
+	}
+}
+
+// TestLeadCutOff runs Lead on a client whose only link to etcd is cut:
+// the leadership is lost within the TTL, and the Grant of the fresh
+// session Lead then asks for goes unanswered. Lead gives each Grant up
+// after the TTL and sends another, so that once the link is back (a new
+// route to etcd: the cut connection stays silent) it leads again; before
+// the fix the first Grant waited for ctx. Lead's ctx ending while a Grant
+// waits makes Lead return at once; while it leads, within the 5s its
+// resign may take, however long the TTL.
+func TestLeadCutOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for leases to expire")
+	}
+	const ttl = 2 * time.Second
+	// waitFor waits for c within d.
+	waitFor := func(t *testing.T, c <-chan struct{}, d time.Duration, what string) {
+		t.Helper()
+		select {
+		case <-c:
+		case <-time.After(d):
+			t.Fatalf("no %s within %v", what, d)
+		}
+	}
+	// cutOff starts Lead with ttl on a client through a proxy, cuts the
+	// proxy once Lead leads and, if lose, waits for the loss and the Grant
+	// that follows it. It returns the client, a channel that receives each
+	// Grant the client sends and each term's start, Lead's cancel and its
+	// result.
+	cutOff := func(t *testing.T, ttl time.Duration, lose bool) (cli *clientv3.Client, grants, started <-chan struct{}, cancel context.CancelFunc, done <-chan error) {
+		name := lockName(t)
+		px := etcdtest.NewProxy(t, endpoints[0])
+		grantc := make(chan struct{}, 16)
+		countGrants := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if method == "/etcdserverpb.Lease/LeaseGrant" {
+				grantc <- struct{}{}
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		})
+		cli = cluster.Client(t, clientv3.Config{Endpoints: []string{px.URL()}, DialOptions: []grpc.DialOption{countGrants}})
+		startc, stopped := make(chan struct{}, 4), make(chan struct{}, 4)
+		fn := func(ctx context.Context) error {
+			startc <- struct{}{}
+			<-ctx.Done()
+			stopped <- struct{}{}
+			return context.Cause(ctx)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		res, returned := make(chan error, 1), make(chan struct{})
+		go func() {
+			defer close(returned)
+			res <- etcdlock.Lead(ctx, cli, name, "v", fn, etcdlock.WithSessionOptions(etcdlock.WithTTL(ttl)))
+		}()
+		t.Cleanup(func() {
+			cancel()
+			<-returned
+		})
+		waitFor(t, grantc, 10*time.Second, "Grant")
+		waitFor(t, startc, 10*time.Second, "term")
+		px.Cut()
+		if !lose {
+			return cli, grantc, startc, cancel, res
+		}
+		waitFor(t, stopped, ttl+time.Second, "loss of the leadership")
+		// The fresh session's Grant goes into the cut link.
+		waitFor(t, grantc, 10*time.Second, "Grant after the loss")
+		return cli, grantc, startc, cancel, res
+	}
+
+	t.Run("ctx ends", func(t *testing.T) {
+		_, _, _, cancel, done := cutOff(t, ttl, true)
+		cancel()
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, context.Canceled)
+		case <-time.After(time.Second):
+			t.Fatal("Lead did not return within 1s of its ctx's end")
+		}
+	})
+	t.Run("ctx ends while leading", func(t *testing.T) {
+		// The resign cannot reach etcd: it gives up after 5s, not the
+		// TTL, and the lease is left to expire rather than revoked (a
+		// revoke would wait for the TTL too).
+		const ttl = 10 * time.Second
+		_, _, _, cancel, done := cutOff(t, ttl, false)
+		cancel()
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, context.Canceled)
+		case <-time.After(6 * time.Second):
+			t.Fatalf("Lead did not return within 6s of its ctx's end (TTL %v)", ttl)
+		}
+	})
+	t.Run("link back", func(t *testing.T) {
+		cli, grants, started, cancel, done := cutOff(t, ttl, true)
+		// Given up after the TTL, the Grant is sent again after the
+		// backoff (up to 5s).
+		waitFor(t, grants, ttl+6*time.Second, "second Grant after the loss")
+		// The link is back: a new route, as the client's reconnection
+		// would find once the network heals.
+		cli.SetEndpoints(endpoints[0])
+		waitFor(t, started, 2*ttl+6*time.Second, "term after the link came back")
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		require.Empty(t, keys(t, newClient(t), lockName(t)), "Lead did not resign")
+	})
 }

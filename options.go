@@ -21,6 +21,7 @@ type sessionOptions struct {
 	ttl    time.Duration
 	lease  clientv3.LeaseID
 	ctx    context.Context
+	rpcCtx context.Context // bounds NewSession's RPCs instead of ctx when set (withRPCContext)
 	hooks  Hooks
 	logger *slog.Logger
 }
@@ -76,6 +77,17 @@ func WithContext(ctx context.Context) SessionOption {
 			return errorf("%w: nil context", ErrInvalidOption)
 		}
 		o.ctx = ctx
+		return nil
+	}
+}
+
+// withRPCContext makes NewSession's RPCs use ctx instead of the
+// WithContext context, which then bounds only the session's life: Lead
+// bounds each Grant by its ctx and a timeout, while the session lives on
+// until Lead has resigned.
+func withRPCContext(ctx context.Context) SessionOption {
+	return func(o *sessionOptions) error {
+		o.rpcCtx = ctx
 		return nil
 	}
 }

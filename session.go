@@ -101,16 +101,20 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		}
 	}
 
+	rctx := o.ctx
+	if o.rpcCtx != nil {
+		rctx = o.rpcCtx
+	}
 	sent := time.Now()
 	id, ttl, left := o.lease, time.Duration(0), time.Duration(0)
 	if id == 0 {
-		resp, err := cli.Grant(o.ctx, ttlSeconds(o.ttl))
+		resp, err := cli.Grant(rctx, ttlSeconds(o.ttl))
 		if err != nil {
 			return nil, errorf("grant lease: %w", err)
 		}
 		id, ttl, left = resp.ID, time.Duration(resp.TTL)*time.Second, time.Duration(resp.TTL)*time.Second
 	} else {
-		resp, err := cli.TimeToLive(o.ctx, id)
+		resp, err := cli.TimeToLive(rctx, id)
 		if err != nil {
 			return nil, errorf("look up lease %x: %w", id, err)
 		}
@@ -121,7 +125,7 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		// Renew at once: the lease may have little time left, less than
 		// the first renewal interval.
 		sent = time.Now()
-		ka, err := cli.KeepAliveOnce(o.ctx, id)
+		ka, err := cli.KeepAliveOnce(rctx, id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return nil, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
 		}

@@ -22,5 +22,8 @@
 // lost, etcdlock_hold_duration_seconds_count{kind="election",end!="released"}.
 //
 // Lock names are left out by default: a program that names a lock per job
-// or per user would make a series per name, without bound.
+// or per user would make a series per name, without bound. With them, the
+// gauges' series of a name are deleted once no waiter (holder) of it is
+// left in this process, but the histograms keep a set of series for each
+// name ever used: deleting those would drop observations not yet scraped.
 package etcdlockprom

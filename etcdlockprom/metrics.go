@@ -1,6 +1,8 @@
 package etcdlockprom
 
 import (
+	"sync"
+
 	"github.com/etcdlock/etcdlock"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -8,7 +10,10 @@ import (
 // Options configures New. The zero value is the default.
 type Options struct {
 	// LockNames adds the label name, the lock's or election's name, to
-	// the metrics of locks. Default false: names can be unbounded.
+	// the metrics of locks. The gauges' series of a name are deleted when
+	// the name has no waiters (holders) left in this process; the
+	// histograms keep theirs, a set per name ever used. Default false:
+	// names can be unbounded.
 	LockNames bool
 	// AcquireBuckets and HoldBuckets are the buckets, in seconds, of
 	// etcdlock_acquire_duration_seconds and etcdlock_hold_duration_seconds.
@@ -26,6 +31,13 @@ var defaultBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
 // Hooks it gives. It is safe for concurrent use.
 type Metrics struct {
 	names bool
+
+	// With names, a gauge's series is deleted at zero. Its value is kept
+	// here, and each change and deletion made under mu: else an Inc
+	// between another event's Dec to zero and its Delete would go to the
+	// deleted series and be lost, and the Dec that follows it leave -1.
+	mu     sync.Mutex
+	counts map[gaugeKey]int // guarded by mu; no zero values
 
 	acquire  *prometheus.HistogramVec
 	waiters  *prometheus.GaugeVec
@@ -53,7 +65,8 @@ func New(o Options) *Metrics {
 		return b
 	}
 	return &Metrics{
-		names: o.LockNames,
+		names:  o.LockNames,
+		counts: make(map[gaugeKey]int),
 		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "etcdlock", Name: "acquire_duration_seconds",
 			Help:    "Time from the start of an acquisition (Lock, RLock, Acquire, Campaign, their Try forms) to its outcome.",
@@ -92,19 +105,19 @@ func New(o Options) *Metrics {
 func (m *Metrics) Hooks() etcdlock.Hooks {
 	return etcdlock.Hooks{
 		AcquireStart: func(i etcdlock.AcquireStartInfo) {
-			m.waiters.WithLabelValues(m.lock(i.LockInfo)...).Inc()
+			m.add(m.waiters, m.lock(i.LockInfo), 1)
 		},
 		AcquireDone: func(i etcdlock.AcquireDoneInfo) {
 			l := m.lock(i.LockInfo)
-			m.waiters.WithLabelValues(l...).Dec()
+			m.add(m.waiters, l, -1)
 			if i.Outcome == etcdlock.Acquired {
-				m.holders.WithLabelValues(l...).Inc()
+				m.add(m.holders, l, 1)
 			}
 			m.acquire.WithLabelValues(append(l, i.Outcome.String())...).Observe(i.Waited.Seconds())
 		},
 		HoldDone: func(i etcdlock.HoldDoneInfo) {
 			l := m.lock(i.LockInfo)
-			m.holders.WithLabelValues(l...).Dec()
+			m.add(m.holders, l, -1)
 			m.hold.WithLabelValues(append(l, i.End.String())...).Observe(i.Held.Seconds())
 		},
 		RenewDone: func(i etcdlock.RenewDoneInfo) {
@@ -118,6 +131,34 @@ func (m *Metrics) Hooks() etcdlock.Hooks {
 			m.sessions.WithLabelValues(i.Cause.String()).Inc()
 		},
 	}
+}
+
+// gaugeKey names a series of a gauge with the label name.
+type gaugeKey struct {
+	gauge      *prometheus.GaugeVec
+	kind, name string
+}
+
+// add adds d to the series of gauge with label values l (see lock). With
+// names, a series that comes back to zero is deleted: the names of a
+// program that names a lock per job would otherwise each keep a series
+// for good.
+func (m *Metrics) add(gauge *prometheus.GaugeVec, l []string, d int) {
+	if !m.names {
+		gauge.WithLabelValues(l...).Add(float64(d))
+		return
+	}
+	k := gaugeKey{gauge, l[0], l[1]}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.counts[k] + d
+	if n == 0 {
+		delete(m.counts, k)
+		gauge.DeleteLabelValues(l...)
+		return
+	}
+	m.counts[k] = n
+	gauge.WithLabelValues(l...).Set(float64(n))
 }
 
 // lock returns the label values of a lock's metrics, with room for one more.

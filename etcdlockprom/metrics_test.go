@@ -1,10 +1,12 @@
 package etcdlockprom_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,6 +128,142 @@ func TestLockNames(t *testing.T) {
 	}
 }
 
+// TestNameSeriesDeleted: with names, a gauge's series goes when its name
+// has no waiters (holders) left, so that names used once do not stay in
+// the registry for good; without names, the series of a kind stay, at 0.
+// The histograms keep their series.
+func TestNameSeriesDeleted(t *testing.T) {
+	lock := etcdlock.LockInfo{Kind: etcdlock.KindMutex, Name: "jobs/1"}
+	for _, names := range []bool{false, true} {
+		m := etcdlockprom.New(etcdlockprom.Options{LockNames: names})
+		h := m.Hooks()
+		h.AcquireStart(etcdlock.AcquireStartInfo{LockInfo: lock, Wait: true})
+		h.AcquireStart(etcdlock.AcquireStartInfo{LockInfo: lock, Wait: true})
+		h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Outcome: etcdlock.Acquired})
+		if got := testutil.CollectAndCount(m, "etcdlock_waiters", "etcdlock_holders"); got != 2 {
+			t.Fatalf("LockNames %v: %d gauge series with a waiter and a holder, want 2", names, got)
+		}
+		h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Outcome: etcdlock.AcquireCanceled})
+		h.HoldDone(etcdlock.HoldDoneInfo{LockInfo: lock, End: etcdlock.Released})
+		want := 2 // waiters and holders of kind mutex, at 0
+		if names {
+			want = 0
+		}
+		if got := testutil.CollectAndCount(m, "etcdlock_waiters", "etcdlock_holders"); got != want {
+			t.Errorf("LockNames %v: %d gauge series once the name is idle, want %d", names, got, want)
+		}
+		// acquired and canceled; released
+		if got := testutil.CollectAndCount(m, "etcdlock_acquire_duration_seconds", "etcdlock_hold_duration_seconds"); got != 3 {
+			t.Errorf("LockNames %v: %d histogram series, want 3", names, got)
+		}
+	}
+}
+
+// TestNameSeriesConcurrent: events of one name from many goroutines, each
+// series deleted and made again many times over, lose no change: the
+// gauges end at what is still waiting and held.
+func TestNameSeriesConcurrent(t *testing.T) {
+	m := etcdlockprom.New(etcdlockprom.Options{LockNames: true})
+	h := m.Hooks()
+	lock := etcdlock.LockInfo{Kind: etcdlock.KindSemaphore, Name: "jobs/1"}
+	const goroutines, rounds = 8, 2000
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				h.AcquireStart(etcdlock.AcquireStartInfo{LockInfo: lock, Wait: true})
+				h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Outcome: etcdlock.Acquired})
+				h.HoldDone(etcdlock.HoldDoneInfo{LockInfo: lock, End: etcdlock.Released})
+			}
+			// One hold, and one waiter, left.
+			h.AcquireStart(etcdlock.AcquireStartInfo{LockInfo: lock, Wait: true})
+			h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Outcome: etcdlock.Acquired})
+			h.AcquireStart(etcdlock.AcquireStartInfo{LockInfo: lock, Wait: true})
+		}()
+	}
+	// Scrapes meanwhile see each series or none, never a negative value.
+	stop := make(chan struct{})
+	scraped := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				scraped <- nil
+				return
+			default:
+			}
+			mfs, err := gatherer(m).Gather()
+			if err != nil {
+				scraped <- err
+				return
+			}
+			for _, mf := range mfs {
+				for _, s := range mf.GetMetric() {
+					if s.Gauge != nil && s.GetGauge().GetValue() < 0 {
+						scraped <- fmt.Errorf("%s = %v", mf.GetName(), s.GetGauge().GetValue())
+						return
+					}
+				}
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	must(t, <-scraped)
+	want := fmt.Sprintf(`
+# HELP etcdlock_holders Holds of this process, not yet released or known lost; for elections, the elections it leads.
+# TYPE etcdlock_holders gauge
+etcdlock_holders{kind="semaphore",name="jobs/1"} %d
+# HELP etcdlock_waiters Acquisitions under way in this process.
+# TYPE etcdlock_waiters gauge
+etcdlock_waiters{kind="semaphore",name="jobs/1"} %d
+`, goroutines, goroutines)
+	if err := testutil.CollectAndCompare(m, strings.NewReader(want), "etcdlock_holders", "etcdlock_waiters"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gatherer returns a registry with only c.
+func gatherer(c prometheus.Collector) prometheus.Gatherer {
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	return reg
+}
+
+// TestLeadReleased: a term of Lead that ends normally counts as a
+// release, not a loss, and its gauges' series go with it.
+func TestLeadReleased(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := etcdlockprom.New(etcdlockprom.Options{LockNames: true})
+	reg.MustRegister(m)
+	cli := cluster.Client(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	for _, name := range []string{"lead/returns", "lead/canceled"} {
+		err := etcdlock.Lead(ctx, cli, name, "me", func(fctx context.Context) error {
+			want(t, reg, "etcdlock_holders", 1, "kind", "election", "name", name)
+			if name == "lead/canceled" {
+				cancel()
+				<-fctx.Done()
+			}
+			return nil
+		}, etcdlock.WithSessionOptions(etcdlock.WithHooks(m.Hooks())))
+		if name == "lead/canceled" && !errors.Is(err, context.Canceled) || name == "lead/returns" && err != nil {
+			t.Fatalf("Lead %s: %v", name, err)
+		}
+		want(t, reg, "etcdlock_hold_duration_seconds", 1, "end", "released", "kind", "election", "name", name)
+	}
+	// No loss: one series of hold_duration per name, both released.
+	if got := testutil.CollectAndCount(m, "etcdlock_hold_duration_seconds"); got != 2 {
+		t.Errorf("%d series of etcdlock_hold_duration_seconds, want 2 (released)", got)
+	}
+	if got := testutil.CollectAndCount(m, "etcdlock_holders", "etcdlock_waiters"); got != 0 {
+		t.Errorf("%d gauge series after Lead returned, want 0", got)
+	}
+}
+
 // TestSessions wires the metrics to real sessions on etcd: acquisitions,
 // a busy TryLock, a lost hold, an election won and lost, renewals and the
 // sessions' ends show in the gauges and counts.
@@ -157,13 +295,13 @@ func TestSessions(t *testing.T) {
 	a := etcdlock.NewMutex(s, "a")
 	must(t, a.Lock(ctx))
 	want(t, reg, "etcdlock_holders", 1, "kind", "mutex", "name", "a")
-	want(t, reg, "etcdlock_waiters", 0, "kind", "mutex", "name", "a")
+	none(t, reg, "etcdlock_waiters", "kind", "mutex", "name", "a")
 	if err := etcdlock.NewMutex(other, "a").TryLock(ctx); !errors.Is(err, etcdlock.ErrLocked) {
 		t.Fatalf("TryLock: %v", err)
 	}
 	must(t, a.Unlock(ctx))
 	<-holdDone // reported before Unlock returned
-	want(t, reg, "etcdlock_holders", 0, "kind", "mutex", "name", "a")
+	none(t, reg, "etcdlock_holders", "kind", "mutex", "name", "a")
 	want(t, reg, "etcdlock_acquire_duration_seconds", 1, "kind", "mutex", "name", "a", "outcome", "acquired")
 	want(t, reg, "etcdlock_acquire_duration_seconds", 1, "kind", "mutex", "name", "a", "outcome", "busy")
 	want(t, reg, "etcdlock_hold_duration_seconds", 1, "end", "released", "kind", "mutex", "name", "a")
@@ -180,7 +318,7 @@ func TestSessions(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("leadership not lost 5s after its key was deleted")
 	}
-	want(t, reg, "etcdlock_holders", 0, "kind", "election", "name", "leader")
+	none(t, reg, "etcdlock_holders", "kind", "election", "name", "leader")
 	want(t, reg, "etcdlock_hold_duration_seconds", 1, "end", "key_deleted", "kind", "election", "name", "leader")
 	if err := e.Resign(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
 		t.Fatalf("Resign: %v", err)
@@ -215,10 +353,29 @@ func want(t *testing.T, g prometheus.Gatherer, name string, v float64, labels ..
 	}
 }
 
+// none asserts there is no series of family name with labels (see
+// sample): with names, a gauge's series is deleted at 0.
+func none(t *testing.T, g prometheus.Gatherer, name string, labels ...string) {
+	t.Helper()
+	if v, ok := find(t, g, name, labels...); ok {
+		t.Fatalf("%s%v = %v, want no series", name, labels, v)
+	}
+}
+
 // sample returns the value of the series of family name with exactly
 // labels (name, value pairs): a gauge's or counter's value, a histogram's
 // count. It fails the test if there is no such series.
 func sample(t *testing.T, g prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	v, ok := find(t, g, name, labels...)
+	if !ok {
+		t.Fatalf("no series %s%v", name, labels)
+	}
+	return v
+}
+
+// find is sample, reporting whether there is such a series.
+func find(t *testing.T, g prometheus.Gatherer, name string, labels ...string) (float64, bool) {
 	t.Helper()
 	mfs, err := g.Gather()
 	must(t, err)
@@ -239,16 +396,15 @@ func sample(t *testing.T, g prometheus.Gatherer, name string, labels ...string) 
 			}
 			switch {
 			case s.Gauge != nil:
-				return s.GetGauge().GetValue()
+				return s.GetGauge().GetValue(), true
 			case s.Counter != nil:
-				return s.GetCounter().GetValue()
+				return s.GetCounter().GetValue(), true
 			case s.Histogram != nil:
-				return float64(s.GetHistogram().GetSampleCount())
+				return float64(s.GetHistogram().GetSampleCount()), true
 			}
 		}
 	}
-	t.Fatalf("no series %s%v", name, labels)
-	return 0
+	return 0, false
 }
 
 // BenchmarkUncontended measures Lock then Unlock of an uncontended Mutex
