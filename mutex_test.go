@@ -481,6 +481,7 @@ func TestWaiterNoticesOwnLeaseEnd(t *testing.T) {
 // TestHolderDiesHandsOver: a holder that stops renewing hands the lock to
 // the next waiter when its lease runs out.
 func TestHolderDiesHandsOver(t *testing.T) {
+	t.Parallel()
 	cli := newClient(t)
 	name := lockName(t)
 	hs := newSession(t, cli, etcdlock.WithTTL(2*time.Second))
@@ -629,6 +630,7 @@ func TestBadInput(t *testing.T) {
 // TestAuth: a user whose role grants readwrite on the lock's prefix only can
 // lock; one without gets etcd's permission error and leaves nothing.
 func TestAuth(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.Start(t, 1)
 	root := c.Client(t)
 	ctx := t.Context()
@@ -674,6 +676,7 @@ func TestThreeMembers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-member cluster")
 	}
+	t.Parallel()
 	c := etcdtest.Start(t, 3)
 	t.Run("FIFO", func(t *testing.T) { testFIFO(t, c, 30) })
 	t.Run("Contention", func(t *testing.T) { testContention(t, c, 4, 20) })

@@ -422,6 +422,7 @@ func TestSemaphoreWideWindow(t *testing.T) {
 // (spread over the members) take permits in turns; the permits held never
 // exceed the capacity, and more than one contender is inside at times.
 func TestSemaphoreContention(t *testing.T) {
+	t.Parallel()
 	testSemContention(t, cluster, 8, 10, 3)
 }
 
@@ -429,6 +430,7 @@ func TestSemaphoreThreeMembers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-member cluster")
 	}
+	t.Parallel()
 	c := etcdtest.Start(t, 3)
 	t.Run("Contention", func(t *testing.T) { testSemContention(t, c, 6, 5, 3) })
 	t.Run("FIFO", func(t *testing.T) { testSemFIFO(t, c, 100) })
@@ -481,6 +483,7 @@ func testSemContention(t *testing.T, c *etcdtest.Cluster, contenders, rounds int
 // ErrSessionExpired at once; a holder of all permits that dies hands them
 // on within its TTL (crash safety).
 func TestSemaphoreLeases(t *testing.T) {
+	t.Parallel()
 	cli := newClient(t)
 	name := lockName(t)
 	hs := newSession(t, cli, etcdlock.WithTTL(2*time.Second))

@@ -100,6 +100,7 @@ func TestSessionCloseAfterOrphan(t *testing.T) {
 }
 
 func TestSessionEndsWhenLeaseRevoked(t *testing.T) {
+	t.Parallel()
 	cli := newClient(t)
 	// TTL 3s: the session renews every second and learns at the next
 	// renewal that the lease is gone.
@@ -152,6 +153,7 @@ func TestSessionWithLeaseNearExpiry(t *testing.T) {
 
 // TestSessionKeepsLeaseAlive holds a lock over several TTLs.
 func TestSessionKeepsLeaseAlive(t *testing.T) {
+	t.Parallel()
 	cli := newClient(t)
 	s := newSession(t, cli, etcdlock.WithTTL(time.Second))
 	m := etcdlock.NewMutex(s, lockName(t))
