@@ -41,7 +41,9 @@ func TestInspectMutexQueue(t *testing.T) {
 	theirs := concurrency.NewMutex(es, name)
 	theirsDone := make(chan error, 1)
 	go func() { theirsDone <- theirs.Lock(ctx) }()
-	// A nested lock's key, between the waiters.
+	// A nested lock's key, between the waiters: after theirs, which,
+	// as etcd's Mutex, would otherwise wait for it to go too.
+	require.Eventually(t, func() bool { return len(keys(t, cli, name)) == 2 }, 10*time.Second, 5*time.Millisecond)
 	nested := etcdlock.NewMutex(newSession(t, cli), name+"/sub")
 	require.NoError(t, nested.Lock(ctx))
 	require.Eventually(t, func() bool { return len(keys(t, cli, name)) == 3 }, 10*time.Second, 5*time.Millisecond)
