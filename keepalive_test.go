@@ -167,7 +167,6 @@ func TestKeepAliveStreamReopened(t *testing.T) {
 // renewal opened a stream, and the client authenticated anew (a bcrypt
 // check on the server) for each stream it opened.
 func TestSessionRenewsUnderAuth(t *testing.T) {
-	t.Parallel()
 	c := etcdtest.Start(t, 1)
 	root := c.Client(t)
 	require.NoError(t, etcdtest.EnableAuth(t.Context(), root, "root-pw"))

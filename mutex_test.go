@@ -676,7 +676,6 @@ func TestThreeMembers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-member cluster")
 	}
-	t.Parallel()
 	c := etcdtest.Start(t, 3)
 	t.Run("FIFO", func(t *testing.T) { testFIFO(t, c, 30) })
 	t.Run("Contention", func(t *testing.T) { testContention(t, c, 4, 20) })

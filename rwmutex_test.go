@@ -472,7 +472,6 @@ func TestRWMutexThreeMembers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-member cluster")
 	}
-	t.Parallel()
 	c := etcdtest.Start(t, 3)
 	t.Run("Contention", func(t *testing.T) { testRWContention(t, c, 4, 2, 5) })
 	t.Run("FIFO", func(t *testing.T) { testRWFIFO(t, c, 100) })

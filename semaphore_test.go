@@ -422,7 +422,6 @@ func TestSemaphoreWideWindow(t *testing.T) {
 // (spread over the members) take permits in turns; the permits held never
 // exceed the capacity, and more than one contender is inside at times.
 func TestSemaphoreContention(t *testing.T) {
-	t.Parallel()
 	testSemContention(t, cluster, 8, 10, 3)
 }
 
@@ -430,7 +429,6 @@ func TestSemaphoreThreeMembers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-member cluster")
 	}
-	t.Parallel()
 	c := etcdtest.Start(t, 3)
 	t.Run("Contention", func(t *testing.T) { testSemContention(t, c, 6, 5, 3) })
 	t.Run("FIFO", func(t *testing.T) { testSemFIFO(t, c, 100) })
