@@ -22,9 +22,10 @@ var cluster *etcdtest.Cluster
 // -test.parallel says otherwise. Those tests spend their time waiting for
 // leases, TTLs, late answers and elections, not on the CPU: the default,
 // GOMAXPROCS, would leave them waiting in turn. Tests that load the CPU
-// (long queues) or that need the shared etcd to themselves (compaction,
-// goroutine counts) are not parallel: Go runs every parallel test after
-// the others have ended.
+// (long queues, three-member clusters), that count on contenders
+// overlapping, or that need the shared etcd to themselves (compaction,
+// goroutine counts, package settings) are not parallel: Go runs every
+// parallel test after the others have ended.
 const parallel = 8
 
 func TestMain(m *testing.M) {
