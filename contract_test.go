@@ -240,6 +240,7 @@ func TestContractCompaction(t *testing.T) {
 // prefix watch stay within it); without it, every mode fails with
 // ErrPermissionDenied and leaves no key.
 func TestContractAuth(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.Start(t, 1)
 	root := c.Client(t)
 	ctx := t.Context()
@@ -296,7 +297,9 @@ func TestContractHolderDiesHandsOver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for leases to expire")
 	}
+	t.Parallel()
 	forEach(t, func(t *testing.T, fl flavor) {
+		t.Parallel()
 		cli := newClient(t)
 		name := lockName(t)
 		hs := newSession(t, cli, etcdlock.WithTTL(2*time.Second))

@@ -39,7 +39,10 @@ func TestLeaderLearnsFirst(t *testing.T) {
 		{name: "Cut"},
 		{name: "CutAfterLateAnswers", late: time.Second},
 	} {
-		t.Run(c.name, func(t *testing.T) { testHolderLearnsFirst(t, c, flavor{"Election", electionL, electionL}) })
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testHolderLearnsFirst(t, c, flavor{"Election", electionL, electionL})
+		})
 	}
 }
 
@@ -69,6 +72,7 @@ func TestElectionThreeMembers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-member cluster and stops members")
 	}
+	t.Parallel()
 	c := etcdtest.Start(t, 3)
 	name := lockName(t)
 	ctx := t.Context()

@@ -53,6 +53,7 @@ func TestHolderLearnsFirst(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cuts a client off for a lease TTL")
 	}
+	t.Parallel()
 	testHolderLearnsFirstAll(t, flavors[0])
 }
 
@@ -62,7 +63,6 @@ func TestHolderLearnsFirstRW(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cuts a client off for a lease TTL")
 	}
-	// Mostly waiting for leases: the two run side by side.
 	t.Parallel()
 	testHolderLearnsFirstAll(t, flavor{"ReadThenWrite", readL, writeL})
 }
@@ -73,7 +73,6 @@ func TestHolderLearnsFirstSemaphore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cuts a client off for a lease TTL")
 	}
-	// Mostly waiting for leases: the two run side by side.
 	t.Parallel()
 	testHolderLearnsFirstAll(t, flavor{"Sem2of2Then1of2", semL(2, 2), semL(1, 2)})
 }
@@ -88,7 +87,10 @@ func testHolderLearnsFirstAll(t *testing.T, f flavor) {
 		{name: "MaxHoldCutAsHoldWatchStarts", maxHold: 2 * time.Second, inWatchStart: true},
 		{name: "MaxHoldCutBeforeDone", maxHold: 2 * time.Second, beforeDone: true},
 	} {
-		t.Run(c.name, func(t *testing.T) { testHolderLearnsFirst(t, c, f) })
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testHolderLearnsFirst(t, c, f)
+		})
 	}
 }
 
@@ -113,9 +115,7 @@ func testHolderLearnsFirst(t *testing.T, c cutOff, f flavor) {
 	} else {
 		sopts = append(sopts, etcdlock.WithTTL(3*time.Second))
 	}
-	hs := newSession(t, hcli, sopts...)
-	// Cut off, the session cannot revoke its lease: do not wait for it.
-	defer hs.Orphan()
+	hs := cutSession(t, hcli, sopts...)
 	if c.maxHold == 0 {
 		require.Equal(t, 3*time.Second, hs.TTL())
 	}
@@ -266,6 +266,7 @@ func TestWaiterCutOffLearnsSessionEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cuts a client off for a lease TTL")
 	}
+	t.Parallel()
 	name := lockName(t)
 	cli := newClient(t)
 	holder := etcdlock.NewMutex(newSession(t, cli), name)
@@ -274,9 +275,7 @@ func TestWaiterCutOffLearnsSessionEnd(t *testing.T) {
 	px := etcdtest.NewProxy(t, endpoints[0])
 	probe := newClientProbe()
 	wcli := cluster.Client(t, clientv3.Config{Endpoints: []string{px.URL()}, DialOptions: probe.DialOptions()})
-	ws := newSession(t, wcli, etcdlock.WithTTL(3*time.Second))
-	// Cut off, the session cannot revoke its lease: do not wait for it.
-	defer ws.Orphan()
+	ws := cutSession(t, wcli, etcdlock.WithTTL(3*time.Second))
 	var cut time.Time
 	cutc := make(chan struct{})
 	probe.beforeWatch.Store(func() {
@@ -414,6 +413,7 @@ func (s *probedStream) RecvMsg(m any) error {
 // three-member cluster it happens within seconds of contention
 // (TestLeaderStopLosesNoIncrement hit it).
 func TestStaleWatchNoFalseLoss(t *testing.T) {
+	t.Parallel()
 	t.Run("Waiter", func(t *testing.T) {
 		sw := newStaleWatch()
 		cli := cluster.Client(t, clientv3.Config{DialOptions: sw.DialOptions()})
@@ -584,6 +584,7 @@ func TestLeaderStopLosesNoIncrement(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-member cluster and stops its leader")
 	}
+	t.Parallel()
 	c := etcdtest.Start(t, 3)
 	name := lockName(t)
 	const (
@@ -936,6 +937,7 @@ func TestHolderKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a holder process and kills it")
 	}
+	t.Parallel()
 	testHolderKilled(t, "mutex", mutexL)
 }
 
@@ -944,6 +946,7 @@ func TestHolderKilledRW(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a holder process and kills it")
 	}
+	t.Parallel()
 	testHolderKilled(t, "rw-read", writeL)
 }
 
@@ -953,6 +956,7 @@ func TestHolderKilledSemaphore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a holder process and kills it")
 	}
+	t.Parallel()
 	testHolderKilled(t, "sem", semL(1, 2))
 }
 
@@ -1492,6 +1496,7 @@ func TestDoCancelsOnLoss(t *testing.T) {
 // and the re-attach to the max hold lease keeps the key's create revision:
 // the Token.
 func TestMaxHold(t *testing.T) {
+	t.Parallel()
 	cli := newClient(t)
 	name := lockName(t)
 	s := newSession(t, cli)

@@ -33,6 +33,17 @@ func newSession(t *testing.T, cli *clientv3.Client, opts ...etcdlock.SessionOpti
 	return s
 }
 
+// cutSession returns a session on cli, a client the test cuts off from
+// etcd, orphaned at the end of the test: cut off, it cannot revoke its
+// lease, and Close would try for as long as its TTL.
+func cutSession(t *testing.T, cli *clientv3.Client, opts ...etcdlock.SessionOption) *etcdlock.Session {
+	t.Helper()
+	s, err := etcdlock.NewSession(cli, opts...)
+	require.NoError(t, err)
+	t.Cleanup(s.Orphan)
+	return s
+}
+
 // lockName returns a lock name no other test uses.
 func lockName(t *testing.T) string { return "test/" + t.Name() }
 

@@ -381,6 +381,7 @@ func TestHooksCutOff(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cuts a client off for a lease TTL")
 	}
+	t.Parallel()
 	px := etcdtest.NewProxy(t, endpoints[0])
 	hcli := cluster.Client(t, clientv3.Config{Endpoints: []string{px.URL()}})
 	rec := newRecorder()

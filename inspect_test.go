@@ -41,7 +41,9 @@ func TestInspectMutexQueue(t *testing.T) {
 	theirs := concurrency.NewMutex(es, name)
 	theirsDone := make(chan error, 1)
 	go func() { theirsDone <- theirs.Lock(ctx) }()
-	// A nested lock's key, between the waiters.
+	// A nested lock's key, between the waiters: after theirs, which,
+	// as etcd's Mutex, would otherwise wait for it to go too.
+	require.Eventually(t, func() bool { return len(keys(t, cli, name)) == 2 }, 10*time.Second, 5*time.Millisecond)
 	nested := etcdlock.NewMutex(newSession(t, cli), name+"/sub")
 	require.NoError(t, nested.Lock(ctx))
 	require.Eventually(t, func() bool { return len(keys(t, cli, name)) == 3 }, 10*time.Second, 5*time.Millisecond)
@@ -225,6 +227,8 @@ func TestInspectPagesAtOneRevision(t *testing.T) {
 	cli := newClient(t)
 	ctx := t.Context()
 	name := lockName(t)
+	// The keys have no lease: remove them, or a rerun (-count) finds them.
+	t.Cleanup(func() { _, _ = cli.Delete(context.Background(), name+"/", clientv3.WithPrefix()) })
 	var want []string
 	for i := range 7 {
 		k := fmt.Sprintf("%s/%x", name, 0x100+i)

@@ -62,6 +62,7 @@ func TestLockWaitsForSlowJoinWrite(t *testing.T) {
 	if testing.Short() {
 		t.Skip("etcd answers 6s late")
 	}
+	t.Parallel()
 	const late = 6 * time.Second
 	name := lockName(t)
 	// Renewals answered 6s late keep a 30s lease alive.
@@ -86,6 +87,7 @@ func TestLockCancelledMidJoinWrite(t *testing.T) {
 	if testing.Short() {
 		t.Skip("etcd answers 3s late")
 	}
+	t.Parallel()
 	const late = 3 * time.Second
 	name := lockName(t)
 	px, s, cli := slowSession(t, etcdlock.WithTTL(30*time.Second))
@@ -120,6 +122,7 @@ func TestLockSessionEndsMidJoinWrite(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for a lease TTL")
 	}
+	t.Parallel()
 	name := lockName(t)
 	px, s, cli := slowSession(t, etcdlock.WithTTL(3*time.Second))
 	// Its answers held back, the session cannot revoke its lease: do not
@@ -154,6 +157,7 @@ func TestDoUnlockWaitsForSlowAnswer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("etcd answers 6s late")
 	}
+	t.Parallel()
 	const late = 6 * time.Second
 	name := lockName(t)
 	// Renewals answered 6s late keep a 30s lease alive.

@@ -132,6 +132,7 @@ func TestKeepAliveStreamReopened(t *testing.T) {
 	if testing.Short() {
 		t.Skip("restarts a member")
 	}
+	t.Parallel()
 	c := etcdtest.Start(t, 1)
 	cli, rpcs, kas := countedClient(t, c)
 	var ss []*etcdlock.Session
@@ -189,6 +190,7 @@ func TestSessionRenewsUnderAuth(t *testing.T) {
 // own (clientv3.NewCtxClient, as etcd's v3client makes for an embedded
 // server) has no stream to share: its sessions renew through its Lease.
 func TestSessionWithoutConnection(t *testing.T) {
+	t.Parallel()
 	real := newClient(t)
 	cli := clientv3.NewCtxClient(t.Context())
 	t.Cleanup(func() { cli.Close() })

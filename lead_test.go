@@ -28,6 +28,7 @@ func TestLeadFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for leases to expire")
 	}
+	t.Parallel()
 	name := lockName(t)
 	const ttl = 2 * time.Second
 	var (

@@ -481,6 +481,7 @@ func TestWaiterNoticesOwnLeaseEnd(t *testing.T) {
 // TestHolderDiesHandsOver: a holder that stops renewing hands the lock to
 // the next waiter when its lease runs out.
 func TestHolderDiesHandsOver(t *testing.T) {
+	t.Parallel()
 	cli := newClient(t)
 	name := lockName(t)
 	hs := newSession(t, cli, etcdlock.WithTTL(2*time.Second))
@@ -629,6 +630,7 @@ func TestBadInput(t *testing.T) {
 // TestAuth: a user whose role grants readwrite on the lock's prefix only can
 // lock; one without gets etcd's permission error and leaves nothing.
 func TestAuth(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.Start(t, 1)
 	root := c.Client(t)
 	ctx := t.Context()

