@@ -52,7 +52,7 @@ type lossWatcher struct {
 	wake chan struct{}  // tells run, or the open stream's sender, there is a request to send; capacity 1
 	busy sync.WaitGroup // the goroutines that look into a key (see look), and watchAlone's
 
-	mu       sync.Mutex                       // guards the fields below, and the state, id, from and look of every keyWatch
+	mu       sync.Mutex                       // guards the fields below, the state, id, from and look of every keyWatch, and its waitWatch and blockerWatch (see there)
 	started  bool                             // run is running
 	done     chan struct{}                    // closed when the last run started has returned
 	ended    bool                             // the session ended: every watch is over, none is made
