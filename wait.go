@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -857,15 +856,6 @@ func passing(err error) bool {
 	return false
 }
 
-// A blockerWatch is the watch on one blocker of a waiter, or on the whole
-// prefix (key == pfx) when the waiter has more than maxWatched blockers.
-type blockerWatch struct {
-	key    string
-	mode   KeyMode // the blocker's mode when it was read
-	ch     clientv3.WatchChan
-	cancel context.CancelFunc
-}
-
 // watched returns the keys a waiter with blockers watches: each blocker,
 // or the prefix when they are more than maxWatched. A capacity far above
 // the typical weight makes a Semaphore's window that wide; no scheme
@@ -886,27 +876,23 @@ func (q *queue) watched(blockers []entry) []string {
 // freeing, see wait) seen at readRev. It returns errWatchBroken when a watch
 // fails.
 func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freeing []string, readRev int64) (*pb.ResponseHeader, error) {
-	// WithRequireLeader: a member cut off from the leader cancels the watch
-	// rather than leaving it silent while the lock moves on elsewhere.
-	// Each watch has a context of its own (no common one: a waiter is
-	// lighter without), cancelled when it is no longer wanted or on return.
-	wctx := requireLeader(ctx)
-
-	// The waiter's own key is watched on the session's watch stream, from
-	// the key's creation on: a deletion after me.rev is its end, and no
-	// read is needed for the time before the watch (see lossWatcher).
-	own := q.s.watcher.watchOwn(q, me.rev)
-	defer q.s.watcher.stop(ctx, own)
-	watches := map[string]*blockerWatch{}
+	// The waiter's own key and its blockers are watched on the session's
+	// watch stream (see lossWatcher), which requires a leader: a member cut
+	// off from the leader ends the stream rather than leaving it silent
+	// while the lock moves on elsewhere. The own key is watched from its
+	// creation on: a deletion after me.rev is its end, and no read is
+	// needed for the time before the watch.
+	own, ww := q.s.watcher.watchOwn(q, me.rev, me.mode.Shared)
+	var watches []*blockerWatch
 	defer func() {
-		for _, w := range watches {
-			w.cancel()
-		}
+		q.s.watcher.stopBlockers(watches)
+		q.s.watcher.stop(ctx, own)
 	}()
 	var watchedFrom int64
 	for {
 		keys := q.watched(blockers)
-		if err := q.rewatch(wctx, me, watches, blockers, keys, &watchedFrom); err != nil {
+		var err error
+		if watches, err = q.rewatch(ctx, ww, watches, blockers, keys, &watchedFrom); err != nil {
 			return nil, err
 		}
 		// The watches deliver events after the revision at which they were
@@ -933,7 +919,7 @@ func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freei
 		if q.testHookWait != nil {
 			q.testHookWait(keys)
 		}
-		at, gone, err := q.waitDelete(ctx, me, own.gone, watches, readRev)
+		at, gone, err := q.waitDelete(ctx, me, ww, readRev)
 		if err != nil {
 			return nil, err
 		}
@@ -945,53 +931,61 @@ func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freei
 	}
 }
 
-// rewatch makes watches watch exactly keys (of blockers): it cancels the
-// watches of keys no longer wanted and opens the new ones concurrently (a
-// Semaphore's waiter can have several), and raises *from to the latest
-// revision at which one was created.
-//
-// Watches see deletions only, except a reader's: its blocker, a write
-// lock, may become a read lock in place (Downgrade), which admits it.
-func (q *queue) rewatch(ctx context.Context, me entry, watches map[string]*blockerWatch, blockers []entry, keys []string, from *int64) error {
-	modes := make(map[string]KeyMode, len(blockers))
-	for _, b := range blockers {
-		modes[b.key] = b.mode
-	}
-	want := make(map[string]bool, len(keys))
-	for _, k := range keys {
-		want[k] = true
-	}
-	for k, w := range watches {
-		if !want[k] {
-			w.cancel()
-			delete(watches, k)
+// rewatch makes watches watch exactly keys (of blockers), and returns
+// them: it stops the watches of keys no longer wanted, opens the new ones
+// together (a Semaphore's waiter can have several), waits until etcd has
+// made them, and raises *from to the latest revision at which one was
+// made.
+func (q *queue) rewatch(ctx context.Context, ww *waitWatch, watches []*blockerWatch, blockers []entry, keys []string, from *int64) ([]*blockerWatch, error) {
+	var kept, stopped []*blockerWatch
+	for _, b := range watches {
+		if slices.Contains(keys, b.key) {
+			kept = append(kept, b)
+		} else {
+			stopped = append(stopped, b)
 		}
 	}
-	var opened []*blockerWatch
+	q.s.watcher.stopBlockers(stopped)
+	watches = kept
+	opened := len(watches)
 	for _, k := range keys {
-		if watches[k] != nil {
+		if slices.ContainsFunc(kept, func(b *blockerWatch) bool { return b.key == k }) {
 			continue
 		}
-		opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+		var mode KeyMode
+		if i := slices.IndexFunc(blockers, func(e entry) bool { return e.key == k }); i >= 0 {
+			mode = blockers[i].mode
+		}
+		watches = append(watches, q.s.watcher.watchBlocker(q, ww, k, mode))
+	}
+	w := q.s.watcher
+	for {
+		w.mu.Lock()
+		made := true
+		for _, b := range watches[opened:] {
+			made = made && b.created != 0
+		}
+		gone, broken := ww.gone, ww.broken
+		w.mu.Unlock()
 		switch {
-		case k == q.pfx:
-			opts = append(opts, clientv3.WithFilterPut(), clientv3.WithPrefix(), clientv3.WithPrevKV())
-		case !me.mode.Shared:
-			opts = append(opts, clientv3.WithFilterPut())
+		case gone:
+			return watches, q.lostWhileWaiting(ctx)
+		case broken:
+			return watches, q.watchErr(ctx)
+		case made:
+			w.mu.Lock()
+			for _, b := range watches[opened:] {
+				*from = max(*from, b.created)
+			}
+			w.mu.Unlock()
+			return watches, nil
 		}
-		wctx, cancel := context.WithCancel(ctx)
-		w := &blockerWatch{key: k, mode: modes[k], ch: q.s.cli.Watch(wctx, k, opts...), cancel: cancel}
-		watches[k] = w
-		opened = append(opened, w)
-	}
-	for _, w := range opened {
-		wr, ok := <-w.ch
-		if !ok || wr.Err() != nil || !wr.Created {
-			return q.watchErr(ctx, wr)
+		select {
+		case <-ctx.Done():
+			return watches, ctx.Err()
+		case <-ww.wake:
 		}
-		*from = max(*from, wr.Header.Revision)
 	}
-	return nil
 }
 
 // sameKeys reports whether a and b hold the same keys in the same order.
@@ -1010,88 +1004,78 @@ func sameKeys(a, b []string) bool {
 // waitDelete returns the revision of the first deletion of a blocker (or
 // change of its mode) seen after readRev, when all were seen alive, and the
 // key deleted ("" for a change of mode). It returns lostWhileWaiting's
-// error when own closes: the waiter's own key is gone.
-func (q *queue) waitDelete(ctx context.Context, me entry, own <-chan struct{}, watches map[string]*blockerWatch, readRev int64) (int64, string, error) {
-	// The common case, a Mutex's single blocker, needs no reflection.
-	var cases []reflect.SelectCase
-	var keys []string
-	if len(watches) != 1 {
-		cases = []reflect.SelectCase{
-			{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-			{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(own)},
-		}
-		for k, w := range watches {
-			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.ch)})
-			keys = append(keys, k)
-		}
-	}
-	var one *blockerWatch
-	for _, w := range watches {
-		one = w
-	}
+// error when the waiter's own key is gone.
+func (q *queue) waitDelete(ctx context.Context, me entry, ww *waitWatch, readRev int64) (int64, string, error) {
+	w := q.s.watcher
 	for {
-		var wr clientv3.WatchResponse
-		var ok bool
-		var key string // the watch's key
-		if cases == nil {
-			select {
-			case <-own:
-				return 0, "", q.lostWhileWaiting(ctx)
-			case wr, ok = <-one.ch:
-				key = one.key
-			case <-ctx.Done():
-				return 0, "", ctx.Err()
-			}
-		} else {
-			i, v, recvOK := reflect.Select(cases)
-			switch i {
-			case 0:
-				return 0, "", ctx.Err()
-			case 1:
-				return 0, "", q.lostWhileWaiting(ctx)
-			}
-			ok = recvOK
-			if recvOK {
-				wr = v.Interface().(clientv3.WatchResponse)
-			}
-			key = keys[i-2]
+		w.mu.Lock()
+		evs, gone, broken := ww.take()
+		w.mu.Unlock()
+		if gone {
+			return 0, "", q.lostWhileWaiting(ctx)
 		}
-		if !ok || wr.Err() != nil {
-			return 0, "", q.watchErr(ctx, wr)
-		}
-		for _, ev := range wr.Events {
-			// A watch from "now" starts at the serving member's revision,
-			// which may lag behind readRev: a deletion at or before readRev
-			// is of an earlier key of the same name, replayed.
-			if ev.Kv.ModRevision <= readRev {
-				continue
-			}
-			if ev.Type == mvccpb.PUT {
-				// Only a reader sees Puts: a Downgrade changes the mode;
-				// WithMaxHold's re-binding and a holder's record do not.
-				if key != q.pfx && ParseKeyMode(ev.Kv.Value) != watches[key].mode {
-					return ev.Kv.ModRevision, "", nil
+		for i, e := range evs {
+			at, key, ok := q.blockerEvent(me, e, readRev)
+			if ok {
+				// The events after it stay for the next wait: the read
+				// that follows may come from a member that has not
+				// applied them yet.
+				if rest := evs[i+1:]; len(rest) > 0 {
+					w.mu.Lock()
+					ww.events = append(rest, ww.events...)
+					w.mu.Unlock()
 				}
-				continue
+				return at, key, nil
 			}
-			switch {
-			case key != q.pfx:
-				return ev.Kv.ModRevision, key, nil
-			case !q.isChild(ev.Kv.Key):
-			case ev.PrevKv == nil || ev.PrevKv.CreateRevision < me.rev:
-				// A key ahead went (or one we cannot tell: look).
-				return ev.Kv.ModRevision, string(ev.Kv.Key), nil
-			}
+		}
+		if broken {
+			return 0, "", q.watchErr(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, "", ctx.Err()
+		case <-ww.wake:
 		}
 	}
 }
 
-// watchErr explains why a watch ended: the caller's ctx, or a broken watch.
-func (q *queue) watchErr(ctx context.Context, wr clientv3.WatchResponse) error {
+// blockerEvent reports whether e, an event of a blocker's watch, may
+// admit me: the deletion of a blocker (or, in a prefix watch, of a key
+// ahead), at revision at, or a change of a blocker's mode (key ""),
+// after readRev.
+func (q *queue) blockerEvent(me entry, e watchedEvent, readRev int64) (at int64, key string, ok bool) {
+	ev := e.ev
+	// A deletion at or before readRev is reflected in the read already:
+	// an event of a watch kept from before that read.
+	if ev.Kv.ModRevision <= readRev {
+		return 0, "", false
+	}
+	prefix := e.b.key == q.pfx
+	if ev.Type == mvccpb.PUT {
+		// Only a reader sees Puts: a Downgrade changes the mode;
+		// WithMaxHold's re-binding and a holder's record do not.
+		return ev.Kv.ModRevision, "", !prefix && ParseKeyMode(ev.Kv.Value) != e.b.mode
+	}
+	switch {
+	case !prefix:
+		return ev.Kv.ModRevision, e.b.key, true
+	case !q.isChild(ev.Kv.Key):
+		return 0, "", false
+	}
+	// A key ahead went (or one we cannot tell: look).
+	return ev.Kv.ModRevision, string(ev.Kv.Key), ev.PrevKv == nil || ev.PrevKv.CreateRevision < me.rev
+}
+
+// watchErr explains why a blocker's watch ended without its event: the
+// caller's ctx, the session's end, or a broken watch.
+func (q *queue) watchErr(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return errorf("%w: %w", errWatchBroken, wr.Err())
+	if err := q.s.Err(); err != nil {
+		return err
+	}
+	return errWatchBroken
 }
 
 // check reads, in one round trip, whether my key is still mine (same

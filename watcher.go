@@ -2,6 +2,7 @@ package etcdlock
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -11,12 +12,13 @@ import (
 	"google.golang.org/grpc"
 )
 
-// The watches a session keeps on its own keys, the loss watch of each hold
-// whose Done was called and each waiter's watch on its own key, share one
-// Watch stream of the session, as the leases of a client share one
-// keepalive stream (see keeper). Through etcd's client each watch would
-// cost a goroutine of its own in the client, and more than a kilobyte of
-// its state; here a watch is an entry in a map.
+// The watches a session keeps, the loss watch of each hold whose Done was
+// called, each waiter's watch on its own key and on its blockers (the keys
+// ahead that keep it out), share one Watch stream of the session, as the
+// leases of a client share one keepalive stream (see keeper). Through
+// etcd's client each watch would cost a goroutine of its own in the
+// client, and more than a kilobyte of its state; here a watch is an entry
+// in a map, and a waiter costs no goroutine but its own.
 //
 // A watch starts at a revision at which its key was known to be the
 // incarnation watched (a hold's admission, a waiter's creation), so a
@@ -29,6 +31,13 @@ import (
 // one from the same revision; when that revision has been compacted, one
 // read says whether the key is still the one watched, and the watch starts
 // again after that read.
+//
+// A blocker's watch is the exception: it starts "now", as a synced watcher
+// whose events come at once (the handoff waits on them; see watchTurn),
+// and the waiter closes the gap before it with one read. It is not made
+// again when the stream breaks or etcd ends it: the waiter is told
+// (waitWatch.broken), reads the queue again and watches anew, as it did
+// when each blocker had a watch of etcd's client.
 
 // A lossWatcher serves the key watches of one session on one Watch stream
 // of its own, which it opens when there is a watch to make, opens again,
@@ -43,7 +52,7 @@ type lossWatcher struct {
 	wake chan struct{}  // tells run, or the open stream's sender, there is a request to send; capacity 1
 	busy sync.WaitGroup // the goroutines that look into a key (see look), and watchAlone's
 
-	mu       sync.Mutex                       // guards the fields below, and the state, id, from and look of every keyWatch
+	mu       sync.Mutex                       // guards the fields below, the state, id, from and look of every keyWatch, and its waitWatch and blockerWatch (see there)
 	started  bool                             // run is running
 	done     chan struct{}                    // closed when the last run started has returned
 	ended    bool                             // the session ended: every watch is over, none is made
@@ -58,16 +67,74 @@ type lossWatcher struct {
 
 // A keyWatch watches one key of the session for its deletion: a hold's key
 // (h is set: the deletion ends the hold as lost) or a waiting Lock's key
-// (gone is closed).
+// (ww is set: the waiter is told); or, when b is set, a waiter's blocker
+// (see blockerWatch).
 type keyWatch struct {
 	q     *queue
-	h     *hold         // the hold it watches, or nil for a waiter's key
-	gone  chan struct{} // a waiter's: closed when the key is gone or the session ended
+	h     *hold         // the hold it watches, or nil
+	ww    *waitWatch    // the waiter it tells, or nil
+	b     *blockerWatch // the blocker watch it is, or nil
 	rev   int64         // create revision of the key: the incarnation watched
-	from  int64         // the first revision at which a deletion is the key's end; 0: read the key first
+	from  int64         // the first revision at which a deletion is the key's end; 0: read the key first (a blocker's: watch from now)
 	id    int64         // the watch's ID on the open stream, in state watchActive
 	state watchState
 	look  *watchLook // the last goroutine that looked into the key
+}
+
+// A blockerWatch watches a key ahead of a waiter, or the lock's whole
+// prefix (key == the queue's pfx), from when etcd created it on: deletions
+// only, except for a reader's watch on one key, which sees Puts too (a
+// Downgrade turns a write lock into a read lock in place).
+type blockerWatch struct {
+	kw      keyWatch
+	key     string
+	mode    KeyMode // the blocker's mode when it was read
+	created int64   // the revision at which etcd created the watch; 0 until then; guarded by lossWatcher.mu
+}
+
+// A waitWatch is what a waiting Lock's watches, on its own key and on its
+// blockers, tell it. The fields but wake and puts are guarded by
+// lossWatcher.mu.
+type waitWatch struct {
+	wake   chan struct{}  // capacity 1: there is news
+	puts   bool           // a reader: its watches on single blockers see Puts too
+	events []watchedEvent // blockers' events not yet taken (take)
+	gone   bool           // the own key is gone, or the session ended
+	broken bool           // a blocker's watch ended without its event
+}
+
+// A watchedEvent is an event of a blocker's watch.
+type watchedEvent struct {
+	b  *blockerWatch
+	ev *mvccpb.Event
+}
+
+// take returns, with w.mu held, the news for ww: the events of blocker
+// watches not stopped since, and whether its key is gone or a blocker's
+// watch broke.
+func (ww *waitWatch) take() (evs []watchedEvent, gone, broken bool) {
+	evs, ww.events = ww.events, nil
+	evs = slices.DeleteFunc(evs, func(e watchedEvent) bool { return e.b.kw.state == watchFinished })
+	return evs, ww.gone, ww.broken
+}
+
+// tell wakes kw's waiter, with w.mu held: its key is gone (or the session
+// ended), or, for a blocker, the watch ended without its event.
+func (kw *keyWatch) tell() {
+	if kw.b != nil {
+		kw.ww.broken = true
+	} else {
+		kw.ww.gone = true
+	}
+	kw.ww.signal()
+}
+
+// signal wakes the waiter.
+func (ww *waitWatch) signal() {
+	select {
+	case ww.wake <- struct{}{}:
+	default: // woken already
+	}
 }
 
 type watchState uint8
@@ -118,14 +185,44 @@ func (w *lossWatcher) watchHold(q *queue, h *hold) *keyWatch {
 }
 
 // watchOwn starts watching a waiter's own key, created at rev, and returns
-// the watch; its gone channel closes when the key is deleted, or the
-// session ends.
-func (w *lossWatcher) watchOwn(q *queue, rev int64) *keyWatch {
-	kw := &keyWatch{q: q, gone: make(chan struct{}), rev: rev, from: rev + 1}
+// the watch and what the waiter's watches tell it: gone is set when the
+// key is deleted, or the session ends. puts is set for a reader.
+func (w *lossWatcher) watchOwn(q *queue, rev int64, puts bool) (*keyWatch, *waitWatch) {
+	ww := &waitWatch{wake: make(chan struct{}, 1), puts: puts}
+	kw := &keyWatch{q: q, ww: ww, rev: rev, from: rev + 1}
 	if !w.add(kw) {
-		close(kw.gone)
+		w.mu.Lock()
+		kw.tell()
+		w.mu.Unlock()
 	}
-	return kw
+	return kw, ww
+}
+
+// watchBlocker starts watching key (a blocker of the waiter ww, or q's
+// prefix) from now on, and returns the watch. Its created revision is set
+// once etcd made it; its events are ww's; if it ends without its event
+// (the stream broke, or the session ended), ww.broken is set.
+func (w *lossWatcher) watchBlocker(q *queue, ww *waitWatch, key string, mode KeyMode) *blockerWatch {
+	b := &blockerWatch{key: key, mode: mode}
+	b.kw.q, b.kw.ww, b.kw.b = q, ww, b
+	if !w.add(&b.kw) {
+		w.mu.Lock()
+		b.kw.tell()
+		w.mu.Unlock()
+	}
+	return b
+}
+
+// stopBlockers stops the watches of bs.
+func (w *lossWatcher) stopBlockers(bs []*blockerWatch) {
+	if len(bs) == 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, b := range bs {
+		w.drop(&b.kw)
+	}
 }
 
 // add starts kw. It reports false if the session has ended.
@@ -151,7 +248,7 @@ func (w *lossWatcher) add(kw *keyWatch) bool {
 		w.done = make(chan struct{})
 		go w.run(w.done)
 	}
-	if kw.from == 0 {
+	if kw.from == 0 && kw.b == nil {
 		w.look(kw, true)
 	} else {
 		w.enqueue(kw)
@@ -242,12 +339,13 @@ func (w *lossWatcher) expire(kw *keyWatch) {
 }
 
 // gone is called, with w.mu held, when kw's key was deleted at or after
-// kw.from, or read and found to be another incarnation, or missing. A
-// waiter is told at once; a hold's loss is looked into first (holdGone).
+// kw.from, or read and found to be another incarnation, or missing; or
+// when a blocker's watch ended without its event. A waiter is told at
+// once; a hold's loss is looked into first (holdGone).
 func (w *lossWatcher) gone(kw *keyWatch) {
 	if kw.h == nil {
 		if w.drop(kw) {
-			close(kw.gone)
+			kw.tell()
 		}
 		return
 	}
@@ -401,7 +499,7 @@ func (w *lossWatcher) run(done chan struct{}) {
 	var ended []*keyWatch
 	for kw := range w.watches {
 		if w.drop(kw) && kw.h == nil {
-			close(kw.gone)
+			kw.tell()
 		}
 		ended = append(ended, kw)
 	}
@@ -472,6 +570,12 @@ func (w *lossWatcher) serve(ctx context.Context) (answered bool) {
 		}
 	}
 	for _, kw := range w.ids {
+		if kw.b != nil {
+			// Events may have been missed: the waiter reads again.
+			kw.state = watchQueued // not active: nothing to cancel
+			w.gone(kw)
+			continue
+		}
 		kw.state = watchQueued
 		w.queue = append(w.queue, kw)
 	}
@@ -497,6 +601,12 @@ func (w *lossWatcher) receive(resp *pb.WatchResponse) bool {
 		w.creating[0] = nil
 		w.creating = w.creating[1:]
 		switch {
+		case resp.Canceled && kw.b != nil:
+			// Refused: the waiter tries again after a pause.
+			if kw.state == watchCreating {
+				w.gone(kw)
+			}
+			return true
 		case resp.Canceled:
 			// Refused: try again on another stream, after a pause.
 			if kw.state == watchCreating {
@@ -512,10 +622,26 @@ func (w *lossWatcher) receive(resp *pb.WatchResponse) bool {
 		}
 		kw.state, kw.id = watchActive, resp.WatchId
 		w.ids[kw.id] = kw
+		if kw.b != nil {
+			kw.b.created = resp.Header.Revision
+			kw.ww.signal()
+		}
 	}
 	kw := w.ids[resp.WatchId]
 	if kw == nil {
 		return true // an answer to a cancel, or events of a watch stopped since
+	}
+	if kw.b != nil {
+		switch {
+		case resp.CompactRevision != 0 || resp.Canceled:
+			// etcd ended the watch: the waiter reads again.
+			delete(w.ids, kw.id)
+			kw.state = watchQueued // not active: nothing to cancel
+			w.gone(kw)
+		case len(resp.Events) > 0:
+			kw.b.news(resp.Events)
+		}
+		return true
 	}
 	switch {
 	case resp.CompactRevision != 0:
@@ -605,14 +731,32 @@ func (w *lossWatcher) next() *pb.WatchRequest {
 		}
 		kw.state = watchCreating
 		w.creating = append(w.creating, kw)
-		return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{
-			CreateRequest: &pb.WatchCreateRequest{
-				Key:           []byte(kw.q.key),
-				StartRevision: kw.from,
-				Filters:       []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT},
-			}}}
+		cr := &pb.WatchCreateRequest{Key: []byte(kw.q.key), StartRevision: kw.from, Filters: noPut}
+		if b := kw.b; b != nil {
+			cr.Key = []byte(b.key)
+			switch {
+			case b.key == kw.q.pfx:
+				cr.RangeEnd, cr.PrevKv = []byte(clientv3.GetPrefixRangeEnd(b.key)), true
+			case kw.ww.puts:
+				cr.Filters = nil
+			}
+		}
+		return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: cr}}
 	}
 	return nil
+}
+
+// noPut is the filter of a watch that sees deletions only. (Read-only: the
+// requests of every watch share it.)
+var noPut = []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT}
+
+// news hands evs, events of b's watch, to b's waiter, with w.mu held.
+func (b *blockerWatch) news(evs []*mvccpb.Event) {
+	ww := b.kw.ww
+	for _, ev := range evs {
+		ww.events = append(ww.events, watchedEvent{b: b, ev: ev})
+	}
+	ww.signal()
 }
 
 // watchAlone makes kw's watch through the client's Watcher, for a client
@@ -626,6 +770,10 @@ func (w *lossWatcher) watchAlone(kw *keyWatch) {
 	w.alone[kw] = cancel
 	from := kw.from
 	w.busy.Add(1)
+	if kw.b != nil {
+		go w.blockerAlone(ctx, cancel, kw)
+		return
+	}
 	go func() {
 		defer w.busy.Done()
 		defer cancel()
@@ -661,4 +809,42 @@ func (w *lossWatcher) watchAlone(kw *keyWatch) {
 		}
 		w.mu.Unlock()
 	}()
+}
+
+// blockerAlone is watchAlone's goroutine for a blocker's watch: it hands
+// the watch's creation and events to the waiter, and tells it when the
+// watch ends without being stopped.
+func (w *lossWatcher) blockerAlone(ctx context.Context, cancel context.CancelFunc, kw *keyWatch) {
+	defer w.busy.Done()
+	defer cancel()
+	b := kw.b
+	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+	switch {
+	case b.key == kw.q.pfx:
+		opts = append(opts, clientv3.WithFilterPut(), clientv3.WithPrefix(), clientv3.WithPrevKV())
+	case !kw.ww.puts:
+		opts = append(opts, clientv3.WithFilterPut())
+	}
+	for wr := range w.s.cli.Watch(ctx, b.key, opts...) {
+		w.mu.Lock()
+		ok := kw.state == watchQueued && w.alone[kw] != nil && wr.Err() == nil && wr.CompactRevision == 0
+		if ok && wr.Created {
+			b.created = wr.Header.Revision
+			kw.ww.signal()
+		}
+		if ok && len(wr.Events) > 0 {
+			b.news(events(wr.Events))
+		}
+		w.mu.Unlock()
+		if !ok {
+			break
+		}
+	}
+	w.mu.Lock()
+	if kw.state == watchQueued && w.alone[kw] != nil {
+		// Ended without being stopped: the waiter reads again.
+		delete(w.alone, kw)
+		w.gone(kw)
+	}
+	w.mu.Unlock()
 }
