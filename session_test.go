@@ -238,20 +238,14 @@ func TestSessionEndsWithClient(t *testing.T) {
 // Done opens it again.
 func TestWatchStreamIdle(t *testing.T) {
 	cli := newClient(t)
-	m := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithTTL(time.Minute)), lockName(t))
-	// The keepalive stream opens at the first renewal, 20s from now:
+	m := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithTTL(3*time.Minute)), lockName(t))
+	// The keepalive stream opens at the first renewal, a minute from now:
 	// everything that starts from here on is the watch stream's.
 	running := goleak.IgnoreCurrent()
 	require.NoError(t, m.Lock(t.Context()))
 	m.Done()
 	require.NoError(t, m.Unlock(t.Context()))
-	// (Find waits a moment for goroutines that are ending, before it fails.)
-	deadline := time.Now().Add(15 * time.Second)
-	for err := leakcheck.Find(running); err != nil; err = leakcheck.Find(running) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the watch stream outlived its last watch by more than 15s: %v", err)
-		}
-	}
+	waitStreamGone(t, running, "after Unlock")
 
 	require.NoError(t, m.Lock(t.Context()))
 	held := m.Done()
@@ -264,4 +258,23 @@ func TestWatchStreamIdle(t *testing.T) {
 	}
 	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
 	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+
+	// A watch that ends while its key is looked into (here, a loss) also
+	// leaves the stream idle, and it ends: the sender must be woken to
+	// start its idle timer (it waited without one, as there was a watch).
+	// An Unlock racing its own deletion's event takes the same path.
+	waitStreamGone(t, running, "after a loss")
+}
+
+// waitStreamGone waits until the goroutines started since running have
+// ended: the watch stream, idle for idleStreamTimeout (5s), closed.
+func waitStreamGone(t *testing.T, running goleak.Option, when string) {
+	t.Helper()
+	// (Find waits a moment for goroutines that are ending, before it fails.)
+	deadline := time.Now().Add(15 * time.Second)
+	for err := leakcheck.Find(running); err != nil; err = leakcheck.Find(running) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch stream outlived its last watch, %s, by more than 15s: %v", when, err)
+		}
+	}
 }

@@ -319,6 +319,15 @@ func (w *lossWatcher) drop(kw *keyWatch) bool {
 	}
 	kw.state = watchFinished
 	delete(w.watches, kw)
+	if len(w.watches) == 0 && w.sending {
+		// The open stream's sender waits without an idle timer while
+		// there is a watch: wake it to start one. (A watch dropped while
+		// active woke it above to send the cancel; one dropped while it
+		// was queued, being created or looked into did not, and the
+		// stream then stayed open for good: an Unlock whose own deletion
+		// reached the watch first stops it while it looks.)
+		w.signal()
+	}
 	return true
 }
 
