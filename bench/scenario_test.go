@@ -115,9 +115,13 @@ func TestRWContendDetectsOverlap(t *testing.T) {
 
 	_, err = rwContend(4, 2)(t.Context(), env, noLock, 400, nil)
 	require.ErrorContains(t, err, "a writer is inside with another holder")
+	// A Semaphore of 2 is violated only when 3 are inside at once, which
+	// needs two yields inside (window.step's Gosched) in a row: rarer than
+	// a pair, and under load 400 acquisitions once showed none. 4000 cost
+	// a few milliseconds more (noLock makes no RPC).
 	_, err = contendWith("sem-overlap", 6, 2, func(s Session, name string) Mutex {
 		return semMutex{s.NewSemaphore(name, 2), 1}
-	})(t.Context(), env, noLock, 400, nil)
+	})(t.Context(), env, noLock, 4000, nil)
 	require.ErrorContains(t, err, "mutual exclusion violated")
 }
 
