@@ -349,30 +349,34 @@ func EnableAuth(ctx context.Context, cli *clientv3.Client, rootPassword string) 
 	return err
 }
 
-// FreePort returns a loopback port that is free now and that this process
-// has not returned among its last 12768. The caller (etcd, a proxy) binds it a moment
+// FreePort returns a port, free now on every address, that this process
+// has not returned before. The caller (etcd, a proxy) binds it a moment
 // later, so the port must not be taken meanwhile: ports come from below
 // the kernel's ephemeral range (32768 and up on Linux), from which the
 // kernel picks the port of every bind to port 0 and of every outgoing
 // connection. From the kernel, a port freed a moment ago came back within
 // 20 binds once in 250, and the clients and proxies of tests that run in
 // parallel bind and connect all the time. Only another process that picks
-// ports this way could take it: each starts at a random port.
+// ports this way could take it: CI runs four test binaries side by side.
+// Each call picks at random, so two processes collide only if both pick
+// the same port in the moment between the check and the bind. (Walking
+// the range from a random start, as before, made two processes whose
+// starts were close follow each other through it, and collide.)
 func FreePort() (int, error) {
 	ports.mu.Lock()
 	defer ports.mu.Unlock()
-	if ports.next == 0 {
-		ports.next = portsFrom + rand.IntN(portsTo-portsFrom)
+	if ports.given == nil {
+		ports.given = make(map[int]bool)
 	}
-	for range portsTo - portsFrom {
-		p := ports.next
-		ports.next++
-		if ports.next == portsTo {
-			ports.next = portsFrom
+	for range 4 * (portsTo - portsFrom) {
+		p := portsFrom + rand.IntN(portsTo-portsFrom)
+		if ports.given[p] {
+			continue
 		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		l, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
 		if err == nil {
 			l.Close()
+			ports.given[p] = true
 			return p, nil
 		}
 	}
@@ -384,8 +388,8 @@ const portsFrom, portsTo = 20000, 32768
 
 // ports is FreePort's state.
 var ports struct {
-	mu   sync.Mutex
-	next int // the next port to try; 0 before the first call
+	mu    sync.Mutex
+	given map[int]bool // the ports returned so far
 }
 
 // MkdirTemp makes a temporary directory for StartDir; remove it with
