@@ -231,7 +231,10 @@ func TestReleaseWakesOne(t *testing.T) {
 	}
 	require.NoError(t, holder.Unlock(t.Context()))
 	require.NoError(t, waiters[0].result(t, 10*time.Second))
-	require.Equal(t, before[0]+1, counters[0].Unary(), "the next waiter needs one RPC to take over")
+	// One read (see RPCCounter.Reads: under load a serializable read can
+	// come back before the member applied the release it was woken by,
+	// and is asked again, linearizable).
+	require.EqualValues(t, 1, counters[0].Reads(before[0]), "the next waiter needs one RPC to take over: %v", counters[0].UnaryMethods(before[0]))
 	for i := 1; i < n; i++ {
 		require.Equal(t, before[i], counters[i].Unary(), "waiter %d was woken", i)
 		waiters[i].assertWaiting(t)

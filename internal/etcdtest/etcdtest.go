@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -357,11 +359,11 @@ func EnableAuth(ctx context.Context, cli *clientv3.Client, rootPassword string) 
 // connection. From the kernel, a port freed a moment ago came back within
 // 20 binds once in 250, and the clients and proxies of tests that run in
 // parallel bind and connect all the time. Only another process that picks
-// ports this way could take it: CI runs four test binaries side by side.
-// Each call picks at random, so two processes collide only if both pick
-// the same port in the moment between the check and the bind. (Walking
-// the range from a random start, as before, made two processes whose
-// starts were close follow each other through it, and collide.)
+// ports this way could take it (CI runs four test binaries side by side),
+// and from it each port is claimed with a lock file (claimPort): an etcd
+// member binds its ports only once started, seconds later under load,
+// and a check by listening alone let another process hand the same port
+// out meanwhile.
 func FreePort() (int, error) {
 	ports.mu.Lock()
 	defer ports.mu.Unlock()
@@ -370,13 +372,13 @@ func FreePort() (int, error) {
 	}
 	for range 4 * (portsTo - portsFrom) {
 		p := portsFrom + rand.IntN(portsTo-portsFrom)
-		if ports.given[p] {
+		if ports.given[p] || !claimPort(p) {
 			continue
 		}
+		ports.given[p] = true // claimed for good, used or not
 		l, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
 		if err == nil {
 			l.Close()
-			ports.given[p] = true
 			return p, nil
 		}
 	}
@@ -465,13 +467,23 @@ func (p *process) logTail() string {
 type RPCCounter struct {
 	unary   atomic.Int64
 	streams atomic.Int64
+
+	mu      sync.Mutex
+	methods []string // of the unary calls, in order
 }
 
 // DialOptions returns the interceptors that count.
 func (c *RPCCounter) DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			call := method
+			if serializableTxn(req) {
+				call += " serializable"
+			}
+			c.mu.Lock()
 			c.unary.Add(1)
+			c.methods = append(c.methods, call)
+			c.mu.Unlock()
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -483,6 +495,60 @@ func (c *RPCCounter) DialOptions() []grpc.DialOption {
 
 // Unary returns the number of unary calls so far.
 func (c *RPCCounter) Unary() int64 { return c.unary.Load() }
+
+// UnaryMethods returns the methods of the unary calls from the from-th on
+// (from a number Unary returned), in order: what a test that counts calls
+// prints when the count is off. A Txn whose reads are all serializable
+// says so: "/etcdserverpb.KV/Txn serializable".
+func (c *RPCCounter) UnaryMethods(from int64) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if from >= int64(len(c.methods)) {
+		return nil
+	}
+	return slices.Clone(c.methods[from:])
+}
+
+// Reads returns how many reads the unary calls from the from-th on made
+// (from a number Unary returned), counting as one a serializable Txn and
+// the linearizable Txn right after it. That pair is one read: a waiter
+// that reads at least a revision it has seen (a watch event's) asks any
+// member first, serializable, and asks again, linearizable, when that
+// member has not applied the revision yet, as a loaded etcd can answer
+// right after it sent the event (it notifies watchers before it ends the
+// write transaction).
+func (c *RPCCounter) Reads(from int64) int64 {
+	ms := c.UnaryMethods(from)
+	n := int64(0)
+	for i := 0; i < len(ms); i++ {
+		if ms[i] == txnMethod+" serializable" && i+1 < len(ms) && ms[i+1] == txnMethod {
+			i++
+		}
+		n++
+	}
+	return n
+}
+
+const txnMethod = "/etcdserverpb.KV/Txn"
+
+// serializableTxn reports whether req is a Txn whose every read is
+// serializable.
+func serializableTxn(req any) bool {
+	txn, ok := req.(*pb.TxnRequest)
+	if !ok {
+		return false
+	}
+	reads := 0
+	for _, op := range append(txn.Success, txn.Failure...) {
+		if r := op.GetRequestRange(); r != nil {
+			if !r.Serializable {
+				return false
+			}
+			reads++
+		}
+	}
+	return reads > 0
+}
 
 // Streams returns the number of streams opened so far.
 func (c *RPCCounter) Streams() int64 { return c.streams.Load() }
