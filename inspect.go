@@ -259,6 +259,20 @@ func readLeaseTTLs(ctx context.Context, cli *clientv3.Client, keys []QueueKey) {
 	}
 }
 
+// LockOfKey returns the name of the lock whose queue key is key, as
+// InspectLock and ListLocks count them: key is name/x, with x not empty and
+// without "/" (so a/b/x is a key of the nested lock a/b, not of a). It
+// returns false for a key of no lock: one without "/", or ending in "/",
+// or starting with its only "/". A program that watches lock keys (as
+// etcdlock status --watch does) tells with it which lock an event is of.
+func LockOfKey(key string) (name string, ok bool) {
+	i := strings.LastIndexByte(key, '/')
+	if i <= 0 || i == len(key)-1 {
+		return "", false
+	}
+	return key[:i], true
+}
+
 // A LockSummary is one lock of those ListLocks finds: who holds it and how
 // many wait.
 type LockSummary struct {
@@ -307,11 +321,10 @@ func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockL
 		}
 		for _, kv := range resp.Kvs {
 			key := string(kv.Key)
-			i := strings.LastIndexByte(key, '/')
-			if i < len(prefix) || i == len(key)-1 || i == 0 {
+			name, ok := LockOfKey(key)
+			if !ok || !strings.HasPrefix(name, prefix) {
 				continue
 			}
-			name := key[:i]
 			byName[name] = append(byName[name], queueKey(key, clientv3.LeaseID(kv.Lease), kv.CreateRevision, kv.Value))
 		}
 		if !resp.More || len(resp.Kvs) == 0 {

@@ -329,3 +329,21 @@ func TestListLocks(t *testing.T) {
 	require.NoError(t, r1.RUnlock(ctx))
 	require.NoError(t, r2.RUnlock(ctx))
 }
+
+// TestLockOfKey: the lock a key is of, by the rule InspectLock and
+// ListLocks count keys with.
+func TestLockOfKey(t *testing.T) {
+	for key, want := range map[string]string{
+		"jobs/backup/694d": "jobs/backup",
+		"a/b":              "a",
+		"a/b/c":            "a/b", // a key of the nested lock a/b
+		"a":                "",    // no "/"
+		"a/":               "",    // ends in "/"
+		"/a":               "",    // no name before its only "/"
+		"a//b":             "a/",
+	} {
+		name, ok := etcdlock.LockOfKey(key)
+		require.Equal(t, want != "", ok, key)
+		require.Equal(t, want, name, key)
+	}
+}

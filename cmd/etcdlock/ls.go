@@ -239,9 +239,12 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 		}
 		fmt.Fprintln(stdout, s)
 	}
-	f := &follower{
+	var f *follower
+	f = &follower{
 		cli: cli, prefix: prefix, what: fmt.Sprintf("locks under %q", prefix), stderr: stderr,
 		oneRevision: !tty,
+		// resync shows every lock as it is now: redrawn on a terminal,
+		// else a line each.
 		resync: func(ctx context.Context) (int64, error) {
 			rctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
 			defer cancel()
@@ -255,13 +258,12 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 				var b strings.Builder
 				printLs(&b, ls, time.Now())
 				frame(stdout, "etcdlock ls "+prefix+" --watch", b.String())
+				return ls.Revision, nil
 			case len(ls.Locks) == 0 && !c.json:
 				fmt.Fprintf(stdout, "%s  rev %d  no locks under %q\n", time.Now().Format(stampLayout), ls.Revision, prefix)
 			}
-			if !tty {
-				for _, lk := range ls.Locks {
-					line(ls.Revision, lk, nil)
-				}
+			for _, lk := range ls.Locks {
+				line(ls.Revision, lk, nil)
 			}
 			return ls.Revision, nil
 		},
@@ -272,24 +274,15 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 			if tty {
 				// The terminal shows the list as it is now: one read
 				// may cover several changes.
-				rctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
-				defer cancel()
-				ls, err := readLs(rctx, cli, prefix, records.read)
-				if err != nil {
-					return readErr(err)
-				}
-				shown = ls.Revision
-				var b strings.Builder
-				printLs(&b, ls, time.Now())
-				frame(stdout, "etcdlock ls "+prefix+" --watch", b.String())
-				return nil
+				_, err := f.resync(ctx)
+				return err
 			}
 			var names []string // the locks that changed, in the order of their first event
 			changes := map[string][]keyChange{}
 			for _, ev := range evs {
-				name, ok := lockOf(prefix, string(ev.Kv.Key))
-				if !ok {
-					continue
+				name, ok := etcdlock.LockOfKey(string(ev.Kv.Key))
+				if !ok || !strings.HasPrefix(name, prefix) {
+					continue // not a lock ListLocks lists
 				}
 				if changes[name] == nil {
 					names = append(names, name)
@@ -312,14 +305,4 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 		},
 	}
 	return f.run(ctx)
-}
-
-// lockOf returns the lock under prefix that key belongs to, as ListLocks
-// counts them: key is name/x, x without "/", and name starts with prefix.
-func lockOf(prefix, key string) (string, bool) {
-	i := strings.LastIndexByte(key, '/')
-	if i < len(prefix) || i == len(key)-1 || i == 0 || !strings.HasPrefix(key, prefix) {
-		return "", false
-	}
-	return key[:i], true
 }

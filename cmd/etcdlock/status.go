@@ -436,9 +436,11 @@ func watchStatus(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, rea
 			fmt.Fprintln(stdout, line)
 		}
 	}
-	f := &follower{
+	var f *follower
+	f = &follower{
 		cli: cli, prefix: name + "/", what: fmt.Sprintf("lock %q", name), stderr: stderr,
 		oneRevision: !tty,
+		// resync shows the queue as it is now, with the holders' leases.
 		resync: func(ctx context.Context) (int64, error) {
 			st, err := read(ctx, etcdlock.HolderLeasesOnly())
 			if err != nil {
@@ -450,7 +452,7 @@ func watchStatus(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, rea
 		change: func(ctx context.Context, rev int64, evs []*clientv3.Event) error {
 			var changes []keyChange
 			for _, ev := range evs {
-				if isQueueKey(name, string(ev.Kv.Key)) {
+				if lock, ok := etcdlock.LockOfKey(string(ev.Kv.Key)); ok && lock == name {
 					changes = append(changes, newKeyChange(ev))
 				}
 			}
@@ -460,11 +462,7 @@ func watchStatus(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, rea
 			if tty {
 				// The terminal shows the queue as it is now, with the
 				// holders' leases: one read may cover several changes.
-				changes = nil
-				st, err := read(ctx, etcdlock.HolderLeasesOnly())
-				if err == nil {
-					show(st, nil)
-				}
+				_, err := f.resync(ctx)
 				return err
 			}
 			st, err := read(ctx, etcdlock.AtRevision(rev))
@@ -475,13 +473,6 @@ func watchStatus(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, rea
 		},
 	}
 	return f.run(ctx)
-}
-
-// isQueueKey reports whether key is one of the queue of lock name: a
-// direct child name/x, as InspectLock counts them.
-func isQueueKey(name, key string) bool {
-	rest, ok := strings.CutPrefix(key, name+"/")
-	return ok && rest != "" && !strings.Contains(rest, "/")
 }
 
 // statusLine tells st on one line: "free", or "held by KEY (token N, who),
