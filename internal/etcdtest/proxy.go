@@ -1,11 +1,13 @@
 package etcdtest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,18 +50,30 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 	if err != nil {
 		tb.Fatalf("etcdtest: proxy target %q: %v", target, err)
 	}
-	port, err := FreePort()
-	if err != nil {
-		tb.Fatalf("etcdtest: proxy port: %v", err)
-	}
-	from := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", port)}
-	srv := proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: *to})
-	// NewServer reports a failed listen on Error and closes itself.
-	select {
-	case <-srv.Ready():
-	case err := <-srv.Error():
-		srv.Close()
-		tb.Fatalf("etcdtest: proxy to %s: %v", target, err)
+	// A port FreePort found free can be taken before the etcd proxy binds
+	// it (the check and the bind are apart, and the proxy can only be
+	// given a port, not a listener): then it takes another. Only a failed
+	// bind is tried again.
+	var from url.URL
+	var srv proxy.Server
+	for try := 1; ; try++ {
+		port, err := FreePort()
+		if err != nil {
+			tb.Fatalf("etcdtest: proxy port: %v", err)
+		}
+		from = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", port)}
+		srv = proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: *to})
+		// NewServer reports a failed listen on Error and closes itself.
+		select {
+		case <-srv.Ready():
+		case err := <-srv.Error():
+			srv.Close()
+			if errors.Is(err, syscall.EADDRINUSE) && try < 3 {
+				continue
+			}
+			tb.Fatalf("etcdtest: proxy to %s: %v", target, err)
+		}
+		break
 	}
 	// The etcd proxy reports every I/O error on a channel of 16; once that
 	// is full, the connection that hit the error stops moving bytes. Drain
