@@ -281,40 +281,42 @@ func CurrentLeader(ctx context.Context, cli *clientv3.Client, name string) (Lead
 // newest when 0), serializably if asked: a read at a fixed revision is the
 // same on every member that has applied it.
 func leaderAt(ctx context.Context, cli *clientv3.Client, pfx string, rev int64, serializable bool) (Leader, error) {
-	opts := []clientv3.OpOption{
-		clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend),
-		clientv3.WithLimit(queueScan),
-	}
+	var reads []clientv3.OpOption
 	if serializable {
-		opts = append(opts, clientv3.WithSerializable())
+		reads = append(reads, clientv3.WithSerializable())
 	}
-	var from int64
-	for {
-		page := opts[:len(opts):len(opts)]
-		if rev > 0 {
-			page = append(page, clientv3.WithRev(rev))
-		}
-		if from > 0 {
-			page = append(page, clientv3.WithMinCreateRev(from))
-		}
-		resp, err := cli.Get(ctx, pfx, page...)
-		if err != nil {
-			return Leader{}, err
-		}
-		// Later pages read at the first one's revision: the answer is the
-		// state at one revision.
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		for _, kv := range resp.Kvs {
+	page := func() []clientv3.OpOption {
+		return append([]clientv3.OpOption{
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend),
+			clientv3.WithLimit(queueScan),
+		}, reads...)
+	}
+	first := append(page(), clientv3.WithPrefix())
+	if rev > 0 {
+		first = append(first, clientv3.WithRev(rev))
+	}
+	resp, err := cli.Get(ctx, pfx, first...)
+	if err != nil {
+		return Leader{}, err
+	}
+	if rev == 0 {
+		rev = resp.Header.Revision
+	}
+	// Later pages read at the first one's revision: the answer is the
+	// state at one revision.
+	p := pager{cli: cli, pfx: pfx, rev: rev, page: page, tie: reads}
+	p.add(resp.Kvs, resp.More)
+	for kvs := resp.Kvs; ; {
+		for _, kv := range kvs {
 			if isChild(pfx, kv.Key) {
 				return leaderOf(kv, rev), nil
 			}
-			from = kv.CreateRevision + 1 // a nested election's key
 		}
-		if !resp.More {
+		if !p.more {
 			return Leader{Revision: rev}, nil
+		}
+		if kvs, err = p.next(ctx); err != nil {
+			return Leader{}, err
 		}
 	}
 }

@@ -140,50 +140,19 @@ func InspectLock(ctx context.Context, cli *clientv3.Client, name string, opts ..
 	for _, opt := range opts {
 		opt(&o)
 	}
-	rev := o.rev
-	pfx := name + "/"
-	q := &LockQueue{Name: name, Revision: rev}
-	var from int64
-	for {
-		opts := []clientv3.OpOption{
-			clientv3.WithPrefix(),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend),
-			clientv3.WithLimit(inspectPage),
-		}
-		if o.serializable {
-			opts = append(opts, clientv3.WithSerializable())
-		}
-		if q.Revision > 0 {
-			// Later pages read at the first one's revision: the queue
-			// is the state at one revision.
-			opts = append(opts, clientv3.WithRev(q.Revision))
-		}
-		if from > 0 {
-			opts = append(opts, clientv3.WithMinCreateRev(from))
-		}
-		resp, err := cli.Get(ctx, pfx, opts...)
-		if err != nil {
-			return nil, err
-		}
-		if q.Revision == 0 {
-			// A read at a given revision answers with the current one
-			// in its header: keep the first.
-			q.Revision = resp.Header.Revision
-		}
-		for _, kv := range resp.Kvs {
-			from = kv.CreateRevision + 1
-			if isChild(pfx, kv.Key) {
-				q.Keys = append(q.Keys, queueKey(string(kv.Key), clientv3.LeaseID(kv.Lease), kv.CreateRevision, kv.Value))
-			}
-		}
-		if !resp.More {
-			break
-		}
+	q, err := readQueue(ctx, cli, name, o)
+	for o.rev == 0 && errors.Is(err, errPageCompacted) {
+		// The revision of the first page was compacted before a later
+		// page was read: read the queue anew, at a newer revision.
+		q, err = readQueue(ctx, cli, name, o)
+	}
+	if err != nil {
+		return nil, err
 	}
 	q.holders = markHolders(q.Keys)
 	read := q.Keys
 	switch {
-	case o.noLeases || rev > 0:
+	case o.noLeases || o.rev > 0:
 		read = nil
 	case o.holdersOnly:
 		read = q.Holders()
@@ -193,6 +162,51 @@ func InspectLock(ctx context.Context, cli *clientv3.Client, name string, opts ..
 		q.Keys[i].LeaseErr = errLeasesNotRead
 	}
 	return q, nil
+}
+
+// readQueue reads the keys of the lock called name, a page at a time,
+// every page at one revision (see pager): o.rev, or the first page's.
+func readQueue(ctx context.Context, cli *clientv3.Client, name string, o inspectOptions) (*LockQueue, error) {
+	pfx := name + "/"
+	var reads []clientv3.OpOption
+	if o.serializable {
+		reads = append(reads, clientv3.WithSerializable())
+	}
+	page := func() []clientv3.OpOption {
+		return append([]clientv3.OpOption{
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend),
+			clientv3.WithLimit(inspectPage),
+		}, reads...)
+	}
+	first := append(page(), clientv3.WithPrefix())
+	if o.rev > 0 {
+		first = append(first, clientv3.WithRev(o.rev))
+	}
+	resp, err := cli.Get(ctx, pfx, first...)
+	if err != nil {
+		return nil, err
+	}
+	q := &LockQueue{Name: name, Revision: o.rev}
+	if q.Revision == 0 {
+		// A read at a given revision answers with the current one in its
+		// header: the first page's is the queue's.
+		q.Revision = resp.Header.Revision
+	}
+	p := pager{cli: cli, pfx: pfx, rev: q.Revision, page: page, tie: reads}
+	p.add(resp.Kvs, resp.More)
+	for kvs := resp.Kvs; ; {
+		for _, kv := range kvs {
+			if isChild(pfx, kv.Key) {
+				q.Keys = append(q.Keys, queueKey(string(kv.Key), clientv3.LeaseID(kv.Lease), kv.CreateRevision, kv.Value))
+			}
+		}
+		if !p.more {
+			return q, nil
+		}
+		if kvs, err = p.next(ctx); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // queueKey is the QueueKey of a key read, with its holds and lease yet

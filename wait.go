@@ -273,7 +273,15 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int6
 		return 0, nil, q.fail(ctx, rev, err)
 	}
 	me := entry{key: q.key, rev: rev, mode: mode}
-	blockers, freeing, _, hdr, err := q.scan(ctx, me, page, resp.Header)
+	hdr = resp.Header
+	blockers, freeing, _, err := q.scan(ctx, me, page, hdr.Revision)
+	if q.retryable(ctx, err) {
+		// A later page met a leader election, or a compaction of the
+		// revision it was to be read at: read the queue anew, as a
+		// waiter does.
+		backoff := minBackoff
+		hdr, blockers, freeing, err = q.reread(ctx, me, &backoff)
+	}
 	if err != nil {
 		return 0, nil, q.fail(ctx, rev, err)
 	}
@@ -424,21 +432,29 @@ func isChild(pfx string, key []byte) bool {
 // scan reads the direct children of the prefix ahead of me, newest first:
 // those with a create revision below me.rev, or all of them but this
 // session's own key when me.rev is 0 (a Try, not in the queue). It starts
-// with page r, which the round trip that put or checked the key has
-// already read, and reads further pages only while me's rule finds no
-// blockers. It returns the blockers (none: me is admitted) and the header
-// of the last response read. When the pages read hold every key ahead, it
-// also returns freeing: the keys of the blockers whose deletion alone
-// admits me, so that a waiter learns it is in without reading the queue
-// again (recheck). When me.rev is 0 it also returns this session's own key
-// if it read it (a key left by a cleanup that could not reach etcd).
-func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb.ResponseHeader) (blockers []entry, freeing []string, own *mvccpb.KeyValue, _ *pb.ResponseHeader, err error) {
+// with page r, read at revision rev by the round trip that put or checked
+// the key, and reads further pages, at rev too (see pager), only while
+// me's rule finds no blockers: the verdict is the queue's at rev. It
+// returns the blockers (none: me is admitted). When the pages read hold
+// every key ahead, it also returns freeing: the keys of the blockers whose
+// deletion alone admits me, so that a waiter learns it is in without
+// reading the queue again (recheck). When me.rev is 0 it also returns this
+// session's own key if it read it (a key left by a cleanup that could not
+// reach etcd). If etcd compacts rev before a later page is read, it
+// returns errPageCompacted: the caller reads the queue anew.
+func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, rev int64) (blockers []entry, freeing []string, own *mvccpb.KeyValue, err error) {
 	admit := me.mode.rule()
 	var ahead []entry
+	p := pager{cli: q.s.cli, pfx: q.pfx, rev: rev, desc: true, page: func() []clientv3.OpOption {
+		return queueOpts(me.mode, clientv3.SortDescend, 0, 0, true)
+	}}
+	if me.mode.Exclusive() {
+		p.tie = []clientv3.OpOption{clientv3.WithKeysOnly()}
+	}
+	kvs := r.Kvs
+	p.add(kvs, r.More)
 	for {
-		var low int64
-		for _, kv := range r.Kvs {
-			low = kv.CreateRevision
+		for _, kv := range kvs {
 			switch {
 			case !q.isChild(kv.Key): // a nested lock's key
 			case string(kv.Key) == q.key:
@@ -450,23 +466,19 @@ func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb
 			}
 		}
 		if b := admit(me, ahead); len(b) > 0 {
-			if !r.More && len(b) <= maxWatched {
+			if !p.more && len(b) <= maxWatched {
 				freeing = freeingOf(me, ahead, b)
 			}
-			return b, freeing, own, hdr, nil
+			return b, freeing, own, nil
 		}
-		if !r.More {
-			return nil, nil, own, hdr, nil
+		if !p.more {
+			return nil, nil, own, nil
 		}
-		// The page held only newer keys, nested locks' keys, or keys that
-		// do not keep me out: read on. A key created since cannot be ahead
-		// of mine, so a later read is as good as one at the page's
-		// revision.
-		resp, err := q.s.cli.Get(ctx, q.pfx, queueOpts(me.mode, clientv3.SortDescend, low-1, 0, true)...)
-		if err != nil {
-			return nil, nil, nil, nil, q.rpcErr(err)
+		// The pages so far held only newer keys, nested locks' keys, or
+		// keys that do not keep me out: read on.
+		if kvs, err = p.next(ctx); err != nil {
+			return nil, nil, nil, q.rpcErr(err)
 		}
-		r, hdr = (*pb.RangeResponse)(resp), resp.Header
 	}
 }
 
@@ -496,7 +508,14 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			// could not reach etcd: judge it at its place.
 			me.rev = own.CreateRevision
 		}
-		blockers, _, _, hdr, err := q.scan(ctx, me, r, hdr)
+		blockers, _, _, err := q.scan(ctx, me, r, hdr.Revision)
+		if errors.Is(err, errPageCompacted) {
+			// Read the queue anew.
+			if resp, err = q.s.cli.Txn(ctx).Then(first...).Commit(); err != nil {
+				return 0, nil, q.rpcErr(err)
+			}
+			continue
+		}
 		if err != nil {
 			return 0, nil, err
 		}
@@ -516,9 +535,9 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			continue
 		}
 		put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
-		// Admitted at hdr's revision. Take it only if nothing under the
-		// prefix changed since: a waiter that queued in between must keep
-		// its turn.
+		// Admitted at hdr's revision: every page was read at it (see
+		// pager). Take it only if nothing under the prefix changed since:
+		// a waiter that queued in between must keep its turn.
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(q.pfx), "<", hdr.Revision+1).WithPrefix()}
 		if own != nil {
 			// At its place: keys ahead only leave, and fewer keys ahead
@@ -800,22 +819,27 @@ func (q *queue) wait(ctx context.Context, me entry, blockers []entry, freeing []
 		// member without a leader is not asked in a tight loop. The queue
 		// keeps our place meanwhile: only ctx or the session's end make
 		// the waiter give it up.
-		for {
-			if !pause(ctx, &backoff) {
-				return nil, ctx.Err()
-			}
-			hdr, blockers, freeing, err = q.check(ctx, me, 0)
-			if err == nil {
-				break
-			}
-			if !q.retryable(ctx, err) {
-				return nil, err
-			}
+		if hdr, blockers, freeing, err = q.reread(ctx, me, &backoff); err != nil {
+			return nil, err
 		}
 		if len(blockers) == 0 {
 			return hdr, nil
 		}
 		readRev = hdr.Revision
+	}
+}
+
+// reread reads the queue ahead of me anew (check), after a pause of
+// *backoff, as often as it takes while the errors pass (retryable).
+func (q *queue) reread(ctx context.Context, me entry, backoff *time.Duration) (_ *pb.ResponseHeader, blockers []entry, freeing []string, _ error) {
+	for {
+		if !pause(ctx, backoff) {
+			return nil, nil, nil, ctx.Err()
+		}
+		hdr, blockers, freeing, err := q.check(ctx, me, 0)
+		if err == nil || !q.retryable(ctx, err) {
+			return hdr, blockers, freeing, err
+		}
 	}
 }
 
@@ -833,7 +857,7 @@ func (q *queue) retryable(ctx context.Context, err error) bool {
 // passing reports whether err passes: a broken watch, or an etcd error
 // that a later attempt may not meet.
 func passing(err error) bool {
-	if errors.Is(err, errWatchBroken) {
+	if errors.Is(err, errWatchBroken) || errors.Is(err, errPageCompacted) {
 		return true
 	}
 	// "Not capable": a member that has just started and does not yet know
@@ -1101,8 +1125,11 @@ func (q *queue) check(ctx context.Context, me entry, minRev int64) (_ *pb.Respon
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	blockers, freeing, _, hdr, err := q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
-	return hdr, blockers, freeing, err
+	blockers, freeing, _, err = q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header.Revision)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return resp.Header, blockers, freeing, nil
 }
 
 // recheck is check after the deletion of the blocker gone ("" for a
