@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 
@@ -114,4 +115,55 @@ func ExampleObserveLeader() {
 	// leader: primary-a
 	// leader: primary-a, moved
 	// no leader
+}
+
+// Fence a primary's writes: fn's ctx carries the term Lead won. A write to
+// etcd guarded by the term's IsOwner is applied only while the term lasts,
+// so a primary that lost its term (paused past the TTL, say) cannot
+// overwrite its successor's work; writes elsewhere carry the term's Token.
+func ExampleTermFromContext() {
+	ctx := context.Background()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+
+	var term etcdlock.Term
+	err = etcdlock.Lead(ctx, cli, "example/fenced", "instance-a", func(ctx context.Context) error {
+		var ok bool
+		term, ok = etcdlock.TermFromContext(ctx)
+		if !ok {
+			return errors.New("not in Lead's fn")
+		}
+		resp, err := cli.Txn(ctx).
+			If(term.IsOwner()).
+			Then(clientv3.OpPut("example/fenced-state", "written by "+string(term.Value))).
+			Commit()
+		if err != nil {
+			return err
+		}
+		fmt.Println("while leading, write applied:", resp.Succeeded)
+		// Outside etcd, send term.Token with each write, and have the
+		// store reject tokens lower than the highest it has accepted.
+		return nil // done: Lead resigns and returns
+	})
+	fmt.Println("Lead returned:", err)
+
+	// The term ended with the resign: its guard holds no more.
+	resp, err := cli.Txn(ctx).
+		If(term.IsOwner()).
+		Then(clientv3.OpPut("example/fenced-state", "stale")).
+		Commit()
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("after the term, write applied:", resp.Succeeded)
+	_, ok := etcdlock.TermFromContext(ctx)
+	fmt.Println("a term outside fn:", ok)
+	// Output:
+	// while leading, write applied: true
+	// Lead returned: <nil>
+	// after the term, write applied: false
+	// a term outside fn: false
 }

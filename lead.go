@@ -1,6 +1,7 @@
 package etcdlock
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -57,6 +58,50 @@ func WithObserver(f func(Leader)) LeadOption {
 	}
 }
 
+// A Term is one leadership won by Lead: the ctx Lead gives fn carries it
+// (TermFromContext). Its Leader is the leadership as won: Key, Lease and
+// Token are the leader key's, Value the value Lead campaigns with, and
+// Revision the etcd revision at which the campaign was won.
+//
+// Token is the term's fencing token: a later term of the election, this
+// process's or another's, has a larger one. Pass it along with writes
+// outside etcd, and have the resource reject tokens lower than the highest
+// it has accepted. Guard writes to etcd with IsOwner.
+type Term struct {
+	Leader
+}
+
+// IsOwner returns a comparison that holds only while t's key exists
+// unchanged (the same create revision, t's Token): use it in Txn().If so
+// that etcd applies a write only while the term lasts. Once the key is
+// deleted, by a resign, a lease that ended or anyone else, it never holds
+// again, even if a key of that name is created anew. The zero Term names
+// no key: etcd refuses a Txn with its comparison, with an error.
+func (t Term) IsOwner() clientv3.Cmp {
+	rev := t.Token
+	if rev <= 0 {
+		// Not a term Lead won. No key has create revision -1; 0 would
+		// match a missing key.
+		rev = -1
+	}
+	return clientv3.Compare(clientv3.CreateRevision(t.Key), "=", rev)
+}
+
+// termKey is the context key under which Lead gives fn its Term.
+type termKey struct{}
+
+// TermFromContext returns the Term of the Lead whose fn was given ctx, or
+// a context derived from it, and true; for any other ctx it returns the
+// zero Term and false. The Term stays the same after the term ends: check
+// ctx.Done, and guard writes with IsOwner or Token.
+func TermFromContext(ctx context.Context) (Term, bool) {
+	t, ok := ctx.Value(termKey{}).(Term)
+	// Each caller gets a Value of its own: a change to one never shows
+	// in the Term that later callers get.
+	t.Value = bytes.Clone(t.Value)
+	return t, ok
+}
+
 // Lead keeps this process a candidate in the election called name, with
 // value as its proposal, and runs fn whenever it is the leader: the loop
 // of a primary/standby service.
@@ -66,6 +111,11 @@ func WithObserver(f func(Leader)) LeadOption {
 //     margin), before anyone else can be elected, with a context.Cause
 //     matching ErrLockLost. fn must return promptly then: the next leader
 //     is elected when the lease runs out, whether fn has returned or not.
+//   - fn's ctx carries the term it runs for: TermFromContext returns its
+//     key, lease and fencing token (Term.Token), and Term.IsOwner guards
+//     fn's writes to etcd. fn's ctx ending is no mutual exclusion by
+//     itself (a paused fn may still write after a successor was elected):
+//     fence fn's writes with the term.
 //   - fn never runs twice at once: Lead waits for fn to return before it
 //     campaigns again.
 //   - After a loss, or a failed Campaign, Lead campaigns again with a fresh
@@ -169,7 +219,15 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 		return leadAgain(ctx, cli, err)
 	}
 
-	fctx, cancel := context.WithCancelCause(ctx)
+	// The term as won, read once for fn: e is private to this candidacy
+	// and only the resign after fn returns clears its hold, so these are
+	// this term's even after a loss. (Header is then never nil; a nil one
+	// would only leave Revision 0.)
+	won := Term{Leader{Key: e.Key(), Value: []byte(value), Lease: s.Lease(), Token: e.Token()}}
+	if hdr := e.Header(); hdr != nil {
+		won.Revision = hdr.Revision
+	}
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, termKey{}, won))
 	finished := make(chan struct{})
 	watcherDone := make(chan struct{})
 	go func() {

@@ -337,3 +337,144 @@ func TestLeadCutOff(t *testing.T) {
 		require.Empty(t, keys(t, newClient(t), lockName(t)), "Lead did not resign")
 	})
 }
+
+// TestLeadTerm: fn's ctx carries the term Lead won, as etcd has it (key,
+// lease, create revision as the token), also through contexts derived
+// from it. A write guarded by the term's IsOwner is applied while the term
+// lasts and never after its key is deleted, not even once Lead leads again;
+// the next term's token is larger. A ctx not given by Lead carries none.
+func TestLeadTerm(t *testing.T) {
+	t.Parallel()
+	cli, other := newClient(t), newClient(t)
+	name := lockName(t)
+	data := name + "-data" // outside the election's prefix
+	t.Cleanup(func() { other.Delete(context.WithoutCancel(t.Context()), data) })
+
+	type run struct {
+		ctx  context.Context
+		term etcdlock.Term
+		ok   bool
+	}
+	runs, release := make(chan run, 2), make(chan struct{})
+	fn := func(ctx context.Context) error {
+		term, ok := etcdlock.TermFromContext(ctx)
+		runs <- run{ctx, term, ok}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx) // lost: Lead campaigns again
+		case <-release:
+			return nil // Lead resigns and returns nil
+		}
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done, returned := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(returned)
+		done <- etcdlock.Lead(ctx, cli, name, "v", fn)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-returned
+	})
+	next := func() run {
+		t.Helper()
+		select {
+		case r := <-runs:
+			require.True(t, r.ok, "fn's ctx carries no term")
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("no term began within 10s")
+		}
+		return run{}
+	}
+	// put writes v to data, guarded by c, and reports whether it was applied.
+	put := func(c clientv3.Cmp, v string) bool {
+		t.Helper()
+		resp, err := other.Txn(t.Context()).If(c).Then(clientv3.OpPut(data, v)).Commit()
+		require.NoError(t, err)
+		return resp.Succeeded
+	}
+	get := func() string {
+		t.Helper()
+		resp, err := other.Get(t.Context(), data)
+		require.NoError(t, err)
+		if len(resp.Kvs) == 0 {
+			return ""
+		}
+		return string(resp.Kvs[0].Value)
+	}
+
+	first := next()
+	term := first.term
+	derived, cancelDerived := context.WithTimeout(first.ctx, time.Minute)
+	defer cancelDerived()
+	dt, ok := etcdlock.TermFromContext(derived)
+	require.True(t, ok, "a context derived from fn's carries no term")
+	require.Equal(t, term, dt)
+
+	// The term is what etcd has for the leader's key.
+	resp, err := other.Get(t.Context(), term.Key)
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "no key %s", term.Key)
+	kv := resp.Kvs[0]
+	require.Equal(t, fmt.Sprintf("%s/%x", name, int64(term.Lease)), term.Key)
+	require.Equal(t, kv.CreateRevision, term.Token)
+	require.Equal(t, kv.Lease, int64(term.Lease))
+	require.Equal(t, "v", string(term.Value))
+	require.Equal(t, "v", string(kv.Value))
+	// Won at or after the key's creation, and before this read.
+	require.GreaterOrEqual(t, term.Revision, term.Token)
+	require.LessOrEqual(t, term.Revision, resp.Header.Revision)
+	l, err := etcdlock.CurrentLeader(t.Context(), other, name)
+	require.NoError(t, err)
+	require.Equal(t, term.Key, l.Key)
+	require.Equal(t, term.Token, l.Token)
+
+	// While leading, a guarded write is applied.
+	require.True(t, put(term.IsOwner(), "first"), "write guarded by the term's IsOwner refused while leading")
+	require.Equal(t, "first", get())
+
+	// Someone deletes the leader's key: the term is lost, fn's ctx ends,
+	// and the term's guarded write is refused.
+	_, err = other.Delete(t.Context(), term.Key)
+	require.NoError(t, err)
+	select {
+	case <-first.ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("fn's ctx did not end within 10s of the loss")
+	}
+	require.ErrorIs(t, context.Cause(first.ctx), etcdlock.ErrLockLost)
+	require.False(t, put(term.IsOwner(), "stale"), "write guarded by a lost term's IsOwner applied")
+	require.Equal(t, "first", get())
+
+	// Lead leads again, with a fresh session: a new key and a larger
+	// token. The lost term's guard still never holds; the new one's does.
+	second := next()
+	require.Greater(t, second.term.Token, term.Token)
+	require.NotEqual(t, term.Key, second.term.Key)
+	require.False(t, put(term.IsOwner(), "stale"), "write guarded by a lost term's IsOwner applied under the next term")
+	require.True(t, put(second.term.IsOwner(), "second"), "write guarded by the new term's IsOwner refused")
+	require.Equal(t, "second", get())
+
+	// fn returns: Lead resigns, and the term's guard holds no more.
+	close(release)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lead did not return within 10s of fn's return")
+	}
+	require.False(t, put(second.term.IsOwner(), "stale"), "write guarded by a resigned term's IsOwner applied")
+	require.Equal(t, "second", get())
+
+	// Contexts Lead did not give fn carry no term, and a write guarded by
+	// the zero Term, which names no key, is refused by etcd.
+	zero, ok := etcdlock.TermFromContext(context.Background())
+	require.False(t, ok)
+	require.Equal(t, etcdlock.Term{}, zero)
+	_, ok = etcdlock.TermFromContext(ctx)
+	require.False(t, ok, "Lead's own ctx carries a term")
+	_, err = other.Txn(t.Context()).If(zero.IsOwner()).Then(clientv3.OpPut(data, "zero")).Commit()
+	require.Error(t, err, "write guarded by the zero Term's IsOwner")
+	require.Equal(t, "second", get())
+}
