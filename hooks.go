@@ -277,7 +277,9 @@ func (e SessionEnd) String() string {
 }
 
 // reporter is a session's hooks and logger, read-only. A session with
-// neither has none (nil): every event site then costs one nil check.
+// neither has none (nil): every event site then costs one nil check. An
+// event is logged before the hook is called, so that a hook sees the log
+// line written (a test that waits for a hook then reads the log).
 type reporter struct {
 	Hooks
 	log *slog.Logger
@@ -312,9 +314,6 @@ func (e *reporter) acquireDone(i AcquireDoneInfo) {
 }
 
 func (e *reporter) holdDone(i HoldDoneInfo) {
-	if e.HoldDone != nil {
-		e.HoldDone(i)
-	}
 	if e.log != nil && i.End.Lost() {
 		msg := "etcdlock: lock lost"
 		if i.Kind == KindElection {
@@ -331,23 +330,23 @@ func (e *reporter) holdDone(i HoldDoneInfo) {
 			slog.String("cause", i.End.String()), slog.Duration("held", i.Held),
 			slog.Int64("token", i.Token), slog.Any("error", i.Err))
 	}
+	if e.HoldDone != nil {
+		e.HoldDone(i)
+	}
 }
 
 func (e *reporter) renewDone(i RenewDoneInfo) {
-	if e.RenewDone != nil {
-		e.RenewDone(i)
-	}
 	if e.log != nil && i.Err != nil {
 		e.log.LogAttrs(context.Background(), slog.LevelWarn, "etcdlock: lease renewal failed",
 			slog.String("lease", fmt.Sprintf("%x", int64(i.Lease))),
 			slog.Duration("left", i.Left), slog.Any("error", i.Err))
 	}
+	if e.RenewDone != nil {
+		e.RenewDone(i)
+	}
 }
 
 func (e *reporter) sessionDone(i SessionDoneInfo) {
-	if e.SessionDone != nil {
-		e.SessionDone(i)
-	}
 	if e.log != nil {
 		level := slog.LevelInfo
 		if i.Cause == SessionNotRenewed || i.Cause == SessionLeaseGone {
@@ -356,5 +355,8 @@ func (e *reporter) sessionDone(i SessionDoneInfo) {
 		e.log.LogAttrs(context.Background(), level, "etcdlock: session ended",
 			slog.String("lease", fmt.Sprintf("%x", int64(i.Lease))),
 			slog.String("cause", i.Cause.String()), slog.Any("error", i.Err))
+	}
+	if e.SessionDone != nil {
+		e.SessionDone(i)
 	}
 }
