@@ -152,12 +152,12 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	switch {
 	case h == nil:
 		lost = errors.New("not elected")
-	case h.ended:
+	case h.state == holdEnded:
 		lost = h.err
 		if lost == nil {
 			lost = errors.New("leadership ended")
 		}
-	case h.sent:
+	case h.state != holdHeld || h.sent:
 		lost = errors.New("resigning")
 	default:
 		lost = e.unwatchedLoss(h)
@@ -183,20 +183,22 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 
 // Resign gives up the leadership: it deletes the key only if it is still
 // this leadership's (same create revision), so it can never delete
-// another candidate's key, also when retried. (A waiting Campaign gives up
-// its place when its ctx ends.)
+// another candidate's key, however often it is sent. (A waiting Campaign
+// gives up its place when its ctx ends.)
 //
 // Resign is idempotent: it returns nil when e is not the leader (never
 // won, or already resigned). It returns an error matching ErrLockLost when
-// leadership was known to be lost before Resign began (as Mutex.Unlock
-// does); e is then no longer the leader either.
+// leadership was lost before Resign began (as Mutex.Unlock does); e is
+// then no longer the leader either.
 //
-// If the RPC fails (etcd unreachable, ctx ended), its delete may have been
-// applied or not: e stays the leader as far as this process knows (Token,
-// IsOwner and Done are unchanged), and Resign may be called again; it
-// never forgets the leadership on a failed RPC (etcd issue 22123). A retry
-// that finds the key gone returns nil. A Resign while another Resign of e
-// is under way returns an error matching ErrLockReleased.
+// Resign rides out errors that pass, as Mutex.Unlock does. If ctx ends
+// before etcd confirms the resignation, Resign returns ctx's error, e is
+// no longer the leader (Token returns 0), and the resignation goes on in
+// the background while the session lives; a retried Resign waits for it.
+// So the key never outlives a Resign whose RPC failed, and a retry never
+// returns nil while the key may stay (etcd issue 22123). A Resign while
+// another Resign of e is under way returns an error matching
+// ErrLockReleased.
 func (e *Election) Resign(ctx context.Context) error {
 	err := e.unlock(ctx, nil, "Resign")
 	if errors.Is(err, ErrLockReleased) && !e.holding(anyMode) {

@@ -146,3 +146,26 @@ func startCompactor(t *testing.T, cli *clientv3.Client) (stop func() int64) {
 		return compactions.Load()
 	}
 }
+
+// authCluster starts a one-member etcd with authentication on: user
+// "alice" (password "alice-pw") has role "locker", which may read and
+// write the keys of the lock name; "bob" ("bob-pw") has no role; "root"
+// ("root-pw") may do anything.
+func authCluster(t *testing.T, name string) *etcdtest.Cluster {
+	t.Helper()
+	c := etcdtest.Start(t, 1)
+	root := c.Client(t)
+	ctx := t.Context()
+	_, err := root.RoleAdd(ctx, "locker")
+	require.NoError(t, err)
+	_, err = root.RoleGrantPermission(ctx, "locker", name+"/", clientv3.GetPrefixRangeEnd(name+"/"), clientv3.PermissionType(clientv3.PermReadWrite))
+	require.NoError(t, err)
+	for _, u := range []string{"alice", "bob"} {
+		_, err = root.UserAdd(ctx, u, u+"-pw")
+		require.NoError(t, err)
+	}
+	_, err = root.UserGrantRole(ctx, "alice", "locker")
+	require.NoError(t, err)
+	require.NoError(t, etcdtest.EnableAuth(ctx, root, "root-pw"))
+	return c
+}

@@ -11,8 +11,7 @@ import (
 )
 
 // A hold is one acquisition (Lock, RLock, Acquire), until its release or
-// loss. (Its fields are ordered to fit a 112-byte allocation: a program may
-// hold thousands.)
+// loss.
 type hold struct {
 	rev  int64              // create revision of the key: the token
 	mode KeyMode            // what the key asks for; guarded by queue.mu (Downgrade changes it)
@@ -21,23 +20,23 @@ type hold struct {
 	limit *holdLimit // set when WithMaxHold re-attached the key to a lease of its own
 
 	// Guarded by queue.mu.
-	done  chan struct{} // closed when the hold ends; made by the first Done
+	done  chan struct{} // closed when the hold ends; made by the first Done or Unlock
 	err   error         // ErrLockLost after an involuntary end
+	rel   error         // once a release ended: what Unlock returns for it
 	watch *keyWatch     // the loss watch; nil until Done asks for it
+	state holdState     // see release.go
+	// sent: a release attempt was sent. From then on the key may vanish
+	// by the release's own doing: a vanished key is no longer evidence
+	// of a loss.
+	sent        bool
+	inflight    bool // a release attempt is in flight
+	goneMid     bool // the loss watch saw the key go while an attempt was in flight
+	owed        bool // Unlock returned before the release ended: the next Unlock reports how it ended
+	finished    bool // the hold is no longer the queue's, or is being made so (finish)
+	downgrading bool // a Downgrade is under way: Unlock gets ErrLockReleased meanwhile
+	modeUnknown bool // a Downgrade's outcome is unknown: Unlock and RUnlock both release
 
-	// Unlock's state, guarded by queue.mu. Once an Unlock attempt is sent,
-	// the key may vanish by Unlock's own doing: from then on a vanished
-	// key is no longer evidence of a loss.
-	lostBefore    error // the loss known when the first attempt was sent, or nil
-	unlocking     bool  // an Unlock or Downgrade call is under way; another gets ErrLockReleased
-	modeUnknown   bool  // a Downgrade's outcome is unknown: Unlock and RUnlock both release
-	sent          bool  // an Unlock attempt was sent
-	maybeDeleted  bool  // an attempt whose outcome is unknown was sent: its delete may have been applied
-	goneMidUnlock bool  // the loss watch saw the hold end while an attempt was in flight, and stopped
-
-	ended bool // the hold has ended (done, if made, is closed); guarded by queue.mu
-	kind  Kind // as acquired, for Hooks; set only when the session has events
-
+	kind  Kind          // as acquired, for Hooks; set only when the session has events
 	since time.Duration // monotime of the acquisition; set only when the session has events
 }
 
@@ -88,7 +87,7 @@ func (q *queue) Done() <-chan struct{} {
 	if h == nil {
 		h = q.last
 	}
-	if h == nil || h.ended && h.done == nil {
+	if h == nil || h.state == holdEnded && h.done == nil {
 		q.mu.Unlock()
 		return closedChan
 	}
@@ -97,11 +96,11 @@ func (q *queue) Done() <-chan struct{} {
 	}
 	var ended bool
 	var err error
-	if h.watch == nil && !h.ended {
-		// Unlock stops the watch (see endHold); the session's end ends
-		// it, and the hold with it.
+	if h.watch == nil && h.state != holdEnded {
+		// finish stops the watch; the session's end ends it, and the
+		// hold with it.
 		if h.watch = q.s.watcher.watchHold(q, h); h.watch == nil {
-			ended, err = h.lose(q.s.Err()) // the session has ended
+			ended, err = q.loseLocked(h, q.s.Err()) // the session has ended
 		}
 	}
 	done := h.done
@@ -114,10 +113,10 @@ func (q *queue) Done() <-chan struct{} {
 
 // Err returns nil while a hold lasts and after a plain release (Unlock,
 // RUnlock, Release), and an error matching ErrLockLost once a hold ended
-// involuntarily (until the next hold is taken). The end of the session and the WithMaxHold limit are always
-// reported; a deleted key only once Done has been called for the hold (Do
-// calls it, and Unlock reports it too). Once Unlock has sent its delete,
-// Err reports only the loss Unlock reports: one known before Unlock began.
+// involuntarily (until the next hold is taken). The end of the session and
+// the WithMaxHold limit are always reported; a deleted key only once Done
+// has been called for the hold (Do calls it, and Unlock reports it too).
+// Once Unlock has begun, Err reports only the loss Unlock reports.
 func (q *queue) Err() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -129,11 +128,12 @@ func (q *queue) Err() error {
 		return nil
 	}
 	switch {
-	case h.err != nil || h.ended:
+	case h.state == holdEnded:
 		return h.err
-	case h.sent:
-		// Unlock has begun: it reports a loss only if it was known then.
-		return h.lostBefore
+	case h.state != holdHeld || h.sent:
+		// A release has begun: what happens to the key now is no
+		// loss, unless the release finds it was (Unlock tells).
+		return nil
 	}
 	return q.unwatchedLoss(h)
 }
@@ -151,11 +151,18 @@ func (q *queue) unwatchedLoss(h *hold) error {
 }
 
 // do takes a hold in mode, runs fn with a ctx cancelled the moment the
-// hold is lost (context.Cause matching ErrLockLost), and releases it
-// (unlockSurely): Mutex.Do, RWMutex.Do and RDo, Semaphore.Do. If the hold
-// was lost, do's error matches ErrLockLost and also carries fn's error. If
-// taking the hold fails, fn does not run and do returns that error. The
-// error is one line; errors.Is matches each error it carries.
+// hold is lost (context.Cause matching ErrLockLost), and releases it:
+// Mutex.Do, RWMutex.Do and RDo, Semaphore.Do. If the hold was lost, do's
+// error matches ErrLockLost and also carries fn's error. If taking the
+// hold fails, fn does not run and do returns that error. The error is one
+// line; errors.Is matches each error it carries.
+//
+// The release rides out errors that pass while ctx lasts, as Unlock does.
+// If ctx has ended when fn returns (the caller gave up, perhaps on its way
+// out), it is still tried for a moment (cleanupTimeout) with a context of
+// its own; if etcd has not confirmed it by then, do returns and the release
+// goes on in the background (see Unlock): not an error of do's, as nothing
+// is left for its caller to do.
 func (q *queue) do(ctx context.Context, mode KeyMode, fn func(ctx context.Context) error) error {
 	if err := q.lock(ctx, mode, true); err != nil {
 		return err
@@ -179,8 +186,16 @@ func (q *queue) do(ctx context.Context, mode KeyMode, fn func(ctx context.Contex
 	<-watcherDone
 	cancel(nil)
 
-	uerr := q.unlockSurely(ctx)
+	uctx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		uctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+	}
+	uerr := q.unlock(uctx, nil, "Unlock")
 	switch {
+	case errors.Is(uerr, errReleasePending):
+		uerr = nil
 	case uerr != nil && errors.Is(fnErr, uerr):
 		// fn returned the loss (its ctx's cause), perhaps wrapped: that
 		// says it all.
@@ -191,83 +206,52 @@ func (q *queue) do(ctx context.Context, mode KeyMode, fn func(ctx context.Contex
 	return join(fnErr, uerr)
 }
 
-// unlockSurely releases the current hold, trying again while etcd cannot answer (a leader
-// election, a lost connection): the caller of Do cannot retry, and a lock
-// left held would block every waiter for as long as the session lives. It
-// uses a context that outlives a cancelled ctx, since the lock must be
-// released even when the caller gave up. It ends: either etcd answers, or
-// the session ends, and then Unlock ends the hold too.
-//
-// An attempt waits for etcd's answer for as long as the session lives, not
-// for a deadline of its own: a slow etcd (answers later than any fixed
-// bound) would otherwise see every attempt time out and the lock stay held
-// until the session ends, which is what the wait already bounds.
-func (q *queue) unlockSurely(ctx context.Context) error {
-	ctx = context.WithoutCancel(ctx)
-	backoff := 50 * time.Millisecond
-	for {
-		uctx, cancel := q.s.bound(ctx)
-		err := q.unlock(uctx, nil, "Unlock")
-		cancel()
-		if err == nil || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLockReleased) || errors.Is(err, ErrSessionExpired) {
-			return err
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-q.s.donec:
-			t.Stop()
-		case <-t.C:
-		}
-		backoff = min(2*backoff, time.Second)
-	}
-}
-
-// endHold ends h with err (nil for Unlock), once, and stops its loss
-// watch. ctx is Unlock's: it bounds the wait for a read the watch has in
-// flight.
-func (q *queue) endHold(ctx context.Context, h *hold, err error) {
-	q.mu.Lock()
-	w := h.watch
-	ended := h.end(err)
-	q.mu.Unlock()
-	if w != nil {
-		q.s.watcher.stop(ctx, w)
-	}
-	if ended {
-		q.reportEnd(h, err)
-	}
-}
-
-// lose ends h as lost, from the loss watch, unless Unlock may have ended it
-// (see Unlock). The watch is not stopped: it is the caller.
+// lose ends h as lost, from the loss watch (cause: why the key went), or
+// tells the owner of its release that the key is gone. The watch is not
+// stopped: it is the caller.
 func (q *queue) lose(h *hold, cause error) {
 	q.mu.Lock()
-	ended, err := h.lose(cause)
+	ended, err := q.loseLocked(h, cause)
+	releasing := h.state == holdReleasing || h.state == holdEnded && h.owed
 	q.mu.Unlock()
 	if ended {
 		q.reportEnd(h, err)
 	}
+	if releasing {
+		q.s.releaser.signal() // it finishes the hold
+	}
 }
 
-// lose is queue.lose, called with queue.mu held. It reports whether h
-// ended now, and with what error: then the caller calls reportEnd, once
-// it has released queue.mu.
-func (h *hold) lose(cause error) (ended bool, _ error) {
-	if h.ended {
+// loseLocked is lose, called with q.mu held. It reports whether h ended
+// now, and with what error: then the caller calls reportEnd, once it has
+// released q.mu.
+func (q *queue) loseLocked(h *hold, cause error) (ended bool, _ error) {
+	if h.state == holdEnded {
 		return false, nil
 	}
+	// The session's end (its lease is gone, or it gave up on it) during
+	// a release is no loss: the release's owner sees the session end,
+	// and the key goes with the lease.
+	byLease := errors.Is(cause, ErrSessionExpired)
 	var err error
 	switch {
-	case h.unlocking && h.sent:
-		// Unlock's answer tells what happened; should its RPC fail,
-		// Unlock ends the hold (see there).
-		h.goneMidUnlock = true
-		return false, nil
-	case h.sent:
-		// Between Unlock attempts: an earlier one may have deleted the
-		// key. The hold has ended, not known to be lost.
-	default:
+	case h.state == holdHeld && !h.sent:
 		err = errorf("%w: %w", ErrLockLost, cause)
+	case h.state == holdHeld:
+		// Between the attempts of a failed Unlock: one may have
+		// deleted the key. The hold has ended, not known to be lost;
+		// the next Unlock finishes it.
+	case byLease:
+		return false, nil
+	case h.inflight:
+		// The attempt's answer tells what happened; should its RPC
+		// fail, the release ends as released.
+		h.goneMid = true
+		return false, nil
+	case !h.sent:
+		// Gone before the release's first attempt.
+		err = errorf("%w before Unlock: %w", ErrLockLost, cause)
+		h.rel = err
 	}
 	return h.end(err), err
 }
@@ -276,10 +260,10 @@ func (h *hold) lose(cause error) (ended bool, _ error) {
 // reports whether it ended now: then the caller calls reportEnd, once it
 // has released queue.mu. Called with queue.mu held.
 func (h *hold) end(err error) bool {
-	if h.ended {
+	if h.state == holdEnded {
 		return false
 	}
-	h.ended, h.err = true, err
+	h.state, h.err = holdEnded, err
 	if h.done != nil {
 		close(h.done)
 	}
@@ -309,13 +293,13 @@ func (q *queue) reportEnd(h *hold, err error) {
 // holdGone says why h's key is gone, for the loss watch: the lease it was
 // bound to ended (then, for the session's lease, the session ends now
 // rather than at its next renewal), or someone deleted it. A deletion once
-// Unlock has sent its delete may be Unlock's own: it is not looked into,
-// Unlock tells.
+// a release has begun may be the release's own: it is not looked into,
+// the release tells.
 func (q *queue) holdGone(ctx context.Context, h *hold) error {
 	q.mu.Lock()
-	sent := h.sent
+	released := h.sent || h.state != holdHeld
 	q.mu.Unlock()
-	if sent {
+	if released {
 		return errorf("key %s was %w", q.key, errDeleted)
 	}
 	return q.keyGone(ctx, h.maxLease())
@@ -361,13 +345,14 @@ func (q *queue) limitHold(ctx context.Context, h *hold) error {
 
 // revokeMaxHold revokes h's max hold lease, if it has one that has not run
 // out and that Close has not revoked. (Revoking a lease that is gone would
-// fail, and etcd's client would log a warning.)
+// fail, and etcd's client would log a warning.) Once the session has ended
+// it writes nothing: Close revokes the lease, or it runs out.
 func (q *queue) revokeMaxHold(ctx context.Context, h *hold) {
-	if h.maxLease() == 0 || !q.s.untrackLease(h.maxLease()) {
+	if h.maxLease() == 0 || q.s.Err() != nil || !q.s.untrackLease(h.maxLease()) {
 		return
 	}
-	if !time.Now().Before(h.maxDeadline()) || q.s.cli.Ctx().Err() != nil {
-		return // it has run out, or cannot be revoked: it expires on its own
+	if !time.Now().Before(h.maxDeadline()) {
+		return // it has run out
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()

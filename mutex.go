@@ -67,29 +67,38 @@ func (m *Mutex) TryLock(ctx context.Context) error { return m.lock(ctx, KeyMode{
 
 // Unlock releases the lock. It deletes the key only if it is still the key
 // this hold created (same create revision), so it can never delete another
-// holder's key, also when retried (etcd issue 22082).
+// holder's key, however often the delete is sent (etcd issue 22082).
 //
 // It returns nil when the hold ended with this Unlock, ErrLockReleased if
 // the Mutex is not held (Unlock before Lock, double Unlock), and
-// ErrLockLost only when the hold is known to have ended before Unlock
-// began (before its first attempt that was sent, if it is retried): Done or
-// Err had reported the loss, the session had ended, the WithMaxHold limit
-// had passed, or etcd answered that the key was gone (deleted, or its lease
-// revoked or expired) while no earlier attempt could have deleted it.
-// After any of these the Mutex is not held.
+// ErrLockLost when the hold had ended before Unlock began: at once,
+// without a round trip, when that was known (Done or Err had reported the
+// loss, the session had ended, the WithMaxHold limit had passed), or when
+// etcd answers the first delete sent that the key was gone (deleted, or
+// its lease revoked or expired). After any of these the Mutex is not held.
 //
-// If the RPC fails (etcd unreachable, ctx ended), its delete may have been
-// applied or not: the Mutex stays held, and Unlock may be called again. A
-// retry that finds the key gone returns nil. That is not proof: the first
-// attempt may have deleted the key, or someone else may have (or its lease
-// ended) before it arrived, and etcd keeps nothing that tells the two
-// apart. Either way the hold is over, and it was not known to be lost when
-// Unlock began. Likewise, if the key goes while such an attempt is in
-// flight or between attempts, Done closes and Err stays nil. An attempt
-// that was not sent (ctx had ended, the client was closed) counts for
-// nothing. If the session ends while Unlock cannot reach etcd, Unlock ends
-// the hold and returns an error matching ErrSessionExpired, not
-// ErrLockLost: the key goes with the session's lease.
+// Unlock rides out errors that pass (a leader election, a dropped
+// proposal, an overloaded or unreachable member), sending the delete again
+// until etcd confirms it, ctx ends, or the session ends. A delete whose
+// answer was lost may have been applied: when a later one finds the key
+// gone, Unlock returns nil, as etcd keeps nothing that tells that from a
+// deletion by someone else meanwhile. Likewise, if Done sees the key go
+// once a delete was sent, the hold ends without a loss. If the session
+// ends first, the key goes with its lease: Unlock ends the hold and returns
+// an error matching ErrSessionExpired, not ErrLockLost.
+//
+// If ctx ends before etcd confirms the release, Unlock returns ctx's error
+// (also when ctx had ended before the call) and the release goes on in the
+// background while the session lives: the Mutex is no longer held (Token
+// returns 0, IsOwner never holds), Done closes once the key is gone, the
+// next Lock of the session on this name waits for the release (TryLock
+// returns ErrLocked meanwhile), and the next Unlock waits for it and
+// returns nil once it is done. So a caller that ignores Unlock's error, as
+// defer m.Unlock(ctx) does, never keeps the lock for longer than etcd is
+// out of reach.
+//
+// An error that does not pass (a permission denied) is returned as it is,
+// and the Mutex stays held: Unlock may be called again.
 func (m *Mutex) Unlock(ctx context.Context) error { return m.unlock(ctx, nil, "Unlock") }
 
 // Do locks m, runs fn, and unlocks m. fn's ctx is cancelled the moment the
@@ -97,6 +106,11 @@ func (m *Mutex) Unlock(ctx context.Context) error { return m.unlock(ctx, nil, "U
 // lost, Do's error matches ErrLockLost and also carries fn's error. If Lock
 // fails, fn does not run and Do returns Lock's error. The error is one
 // line; errors.Is matches each error it carries.
+//
+// Do unlocks as Unlock does, with ctx. If ctx has ended when fn returns,
+// the release is still tried for up to 5s with a context of its own; if
+// etcd has not confirmed it by then, Do returns, and the release goes on
+// in the background (see Unlock), which is not an error of Do's.
 func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	return m.do(ctx, KeyMode{}, fn)
 }

@@ -634,21 +634,9 @@ func TestBadInput(t *testing.T) {
 // lock; one without gets etcd's permission error and leaves nothing.
 func TestAuth(t *testing.T) {
 	t.Parallel()
-	c := etcdtest.Start(t, 1)
-	root := c.Client(t)
 	ctx := t.Context()
 	name := "authlock"
-	_, err := root.RoleAdd(ctx, "locker")
-	require.NoError(t, err)
-	_, err = root.RoleGrantPermission(ctx, "locker", name+"/", clientv3.GetPrefixRangeEnd(name+"/"), clientv3.PermissionType(clientv3.PermReadWrite))
-	require.NoError(t, err)
-	for _, u := range []string{"alice", "bob"} {
-		_, err = root.UserAdd(ctx, u, u+"-pw")
-		require.NoError(t, err)
-	}
-	_, err = root.UserGrantRole(ctx, "alice", "locker")
-	require.NoError(t, err)
-	require.NoError(t, etcdtest.EnableAuth(ctx, root, "root-pw"))
+	c := authCluster(t, name)
 
 	alice := c.Client(t, clientv3.Config{Username: "alice", Password: "alice-pw"})
 	a1 := etcdlock.NewMutex(newSession(t, alice), name)

@@ -44,6 +44,7 @@ type Session struct {
 	// watch stream derives from it.
 	watchCtx context.Context
 	watcher  *lossWatcher // watches the keys of the session's holds and waiters
+	releaser *releaser    // sends the releases that Unlock left to the background
 
 	stop     func()        // stops the keepalive loop
 	loopDone chan struct{} // closed when the keepalive loop returned
@@ -157,6 +158,7 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		ev:        newReporter(o.hooks, o.logger),
 	}
 	s.watcher = newLossWatcher(s)
+	s.releaser = newReleaser(s)
 	go s.keepAlive(ctx, unwatch)
 	return s, nil
 }
@@ -289,6 +291,7 @@ func (s *Session) shutdown() {
 	<-s.loopDone
 	s.end(SessionClosed, errorf("%w: session closed", ErrSessionExpired))
 	s.watcher.wait()
+	s.releaser.wait()
 }
 
 // end records why the session ended and closes Done, once, and then tells

@@ -572,98 +572,6 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 	return 0, nil, ErrLocked
 }
 
-// unlock ends the current hold if match accepts its mode (nil: any). op
-// names the caller for errors ("RUnlock"). A hold of another mode stays
-// held: RUnlock of a write lock returns ErrLockReleased, as does Unlock of
-// a read lock.
-//
-// It deletes the key only if it is still the key this hold created (same
-// create revision), so it can never delete another holder's key, also when
-// retried (etcd issue 22082). See Mutex.Unlock for what it returns.
-func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string) error {
-	q.mu.Lock()
-	h := q.h
-	if h == nil || h.unlocking {
-		q.mu.Unlock()
-		return ErrLockReleased
-	}
-	if match != nil && !match(h.mode) && !h.modeUnknown {
-		q.mu.Unlock()
-		return errorf("%w: %s of a hold in mode %s", ErrLockReleased, op, h.mode)
-	}
-	if !h.sent {
-		// What is known when Unlock begins; nothing later is a loss
-		// before Unlock.
-		h.lostBefore = h.err
-		if h.lostBefore == nil {
-			h.lostBefore = q.unwatchedLoss(h)
-		}
-	}
-	lost, retry := h.lostBefore, h.maybeDeleted
-	// An attempt that is not sent leaves no doubt about the key.
-	notSent := ctx.Err()
-	if cerr := q.s.cli.Ctx().Err(); cerr != nil {
-		// A closed client can send nothing (and ends the session).
-		notSent = errorf("%w: %w", errClientClosed, cerr)
-	}
-	// After a loss the delete only tidies up; it is not needed when the
-	// key went with the session's lease.
-	send := notSent == nil && (lost == nil || h.maxLease() != 0 || !q.s.leaseIsGone())
-	h.unlocking = true // a second Unlock now gets ErrLockReleased
-	h.sent = h.sent || send
-	q.mu.Unlock()
-
-	var resp *clientv3.TxnResponse
-	err := notSent
-	if send {
-		resp, err = q.s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
-			Then(clientv3.OpDelete(q.key)).
-			Commit()
-	}
-	var endErr error // the hold's Err once it ended
-	switch {
-	case lost != nil:
-		err, endErr = lost, lost
-	case err == nil && resp.Succeeded:
-	case err == nil && !retry:
-		// No attempt of ours can have deleted the key: it was gone
-		// before Unlock.
-		err = errorf("%w before %s: %w", ErrLockLost, op, q.keyGone(ctx, h.maxLease()))
-		endErr = err
-	case err == nil:
-		// An earlier attempt may have deleted the key: not known lost.
-	default:
-		if serr := q.s.Err(); serr != nil {
-			// The session ended after Unlock began: the key goes with
-			// its lease. The hold ends; it was not known to be lost.
-			err = errorf("unlock %s: %v; the session ended, the key goes with its lease: %w", q.key, err, serr)
-			break
-		}
-		q.mu.Lock()
-		h.unlocking = false
-		h.maybeDeleted = h.maybeDeleted || send
-		ended := false
-		if h.goneMidUnlock {
-			// The loss watch saw the hold end while the RPC ran, and
-			// has stopped: Done tells now that the hold is over.
-			ended = h.end(nil)
-		}
-		q.mu.Unlock()
-		if ended {
-			q.reportEnd(h, nil)
-		}
-		return errorf("unlock %s: %w", q.key, err)
-	}
-	q.endHold(ctx, h, endErr)
-	q.revokeMaxHold(ctx, h)
-	q.mu.Lock()
-	q.h, q.last = nil, h
-	q.mu.Unlock()
-	q.s.releaseName(q.name)
-	return err
-}
-
 // IsOwner returns a comparison that holds only while the current hold is
 // current: use it in Txn().If to make a write conditional on the lock.
 // When nothing is held the comparison never holds. Under an RWMutex's read
@@ -865,6 +773,11 @@ func passing(err error) bool {
 	if errors.Is(err, rpctypes.ErrNotCapable) {
 		return true
 	}
+	// A proposal the leader dropped (it was handing its leadership over)
+	// was never applied. etcd sends raft's error with code Unknown.
+	if rpctypes.ErrorDesc(err) == errProposalDropped {
+		return true
+	}
 	// etcd's passing errors (no leader, leader changed, its own request
 	// timeouts, too many requests) carry these codes; judging by the code
 	// rather than a list keeps errors of newer etcd releases covered.
@@ -879,6 +792,9 @@ func passing(err error) bool {
 	}
 	return false
 }
+
+// errProposalDropped is raft's ErrProposalDropped as etcd sends it.
+const errProposalDropped = "raft proposal dropped"
 
 // watched returns the keys a waiter with blockers watches: each blocker,
 // or the prefix when they are more than maxWatched. A capacity far above

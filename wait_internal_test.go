@@ -35,6 +35,10 @@ func TestRetryable(t *testing.T) {
 		// rpctypes lacks ErrTimeoutWaitAppliedIndex): judged by its code.
 		{rpctypes.Error(status.Error(codes.Unavailable, "etcdserver: request timed out, waiting for the applied index took too long")), true},
 		{status.Error(codes.Unavailable, "connection refused"), true},
+		// A leader handing over drops proposals; etcd sends raft's
+		// error as it is, with code Unknown.
+		{rpctypes.Error(status.Error(codes.Unknown, "raft proposal dropped")), true},
+		{status.Error(codes.Unknown, "something else"), false},
 		{rpctypes.ErrPermissionDenied, false},
 		{rpctypes.ErrLeaseNotFound, false},
 		{ErrSessionExpired, false},

@@ -40,6 +40,10 @@ type RPC struct {
 type Action struct {
 	// Before runs before the request is sent.
 	Before func(RPC)
+	// Fail, when set, is returned instead of sending a unary call: an
+	// error of etcd for a request it did not apply ("request timed out",
+	// "raft proposal dropped"). After still runs, with it.
+	Fail error
 	// After runs once a unary call's answer has come (never for a
 	// stream's message), with the call's error, and returns the error
 	// the client sees: an error where err is nil loses an answer etcd
@@ -145,7 +149,10 @@ func (in *Injector) DialOptions() []grpc.DialOption {
 			if a.act.Before != nil {
 				a.act.Before(r)
 			}
-			err := invoker(ctx, method, req, reply, cc, opts...)
+			err := a.act.Fail
+			if err == nil {
+				err = invoker(ctx, method, req, reply, cc, opts...)
+			}
 			if a.act.After != nil {
 				err = a.act.After(r, err)
 			}

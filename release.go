@@ -1,0 +1,443 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A hold's release has one owner at a time, and its state says which:
+//
+//	held ──Unlock──▶ unlocking ──confirmed, or the key seen gone──▶ ended
+//	  ▲                 │ ctx ended before it was confirmed
+//	  │                 ▼
+//	  └─error that ── releasing (the session's releaser sends it) ──▶ ended
+//	    does not pass
+//
+// A hold also ends from held, when it is lost (the loss watch, the
+// session's end, the max hold passing); it then stays the queue's until
+// Unlock says so. A release is the delete of the hold's key guarded by its
+// create revision: sent again and again, it can never delete another
+// hold's key (etcd issue 22082), so it is sent until etcd confirms it, for
+// as long as etcd is out of reach and the session lives, and never left
+// undone: a lock whose release failed once must not stay held while its
+// session renews it. The one who ends a release also finishes the hold
+// (finish): stops its watch, revokes its max hold lease and gives back the
+// name, so that the next Lock of the session waits for the release.
+type holdState uint8
+
+const (
+	holdHeld      holdState = iota // acquired; no release under way
+	holdUnlocking                  // an Unlock call sends the release
+	holdReleasing                  // the session's releaser sends it: Unlock returned before it was confirmed
+	holdEnded                      // released or lost (err); done is closed
+)
+
+// unlock ends the current hold if match accepts its mode (nil: any). op
+// names the caller for errors ("RUnlock"). A hold of another mode stays
+// held: RUnlock of a write lock returns ErrLockReleased, as does Unlock of
+// a read lock. See Mutex.Unlock for what it returns.
+func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string) error {
+	q.mu.Lock()
+	h := q.h
+	switch {
+	case h == nil:
+		// A retry after an Unlock that left the release to the
+		// background: wait for it, or say how it ended, once.
+		if l := q.last; l != nil && l.owed {
+			if l.state != holdEnded {
+				q.mu.Unlock()
+				return q.awaitRelease(ctx, l, op)
+			}
+			l.owed = false
+			q.mu.Unlock()
+			return l.rel
+		}
+		q.mu.Unlock()
+		return ErrLockReleased
+	case h.state == holdUnlocking || h.downgrading:
+		q.mu.Unlock()
+		return ErrLockReleased // another call is under way
+	case h.state == holdEnded && h.err == nil:
+		// Ended while no release was under way (the key went after a
+		// failed Unlock, which may have deleted it): finish it, as
+		// released. Otherwise the owner of a release that ended is
+		// finishing it.
+		claim := !h.finished
+		h.finished = claim
+		q.mu.Unlock()
+		if !claim {
+			return ErrLockReleased
+		}
+		q.finishNow(ctx, h)
+		return nil
+	case match != nil && !match(h.mode) && !h.modeUnknown:
+		q.mu.Unlock()
+		return errorf("%w: %s of a hold in mode %s", ErrLockReleased, op, h.mode)
+	}
+	ended := false
+	if h.state == holdHeld && !h.sent {
+		if lost := q.unwatchedLoss(h); lost != nil {
+			ended = h.end(lost)
+		}
+	}
+	if h.state == holdEnded {
+		// A loss known before Unlock stands, whatever becomes of a
+		// delete: report it at once rather than wait for etcd, which may
+		// be out of reach. The key is gone, or goes with its lease; what
+		// may be left (a max hold lease that has not run out) is left to
+		// the background.
+		err := h.err
+		h.finished = true
+		q.h, q.last = nil, h
+		q.mu.Unlock()
+		if ended {
+			q.reportEnd(h, err)
+		}
+		if h.maxLease() == 0 || !q.s.releaser.add(q, h, true) {
+			q.finishNow(ctx, h)
+		}
+		return err
+	}
+	h.state = holdUnlocking
+	if h.done == nil {
+		h.done = make(chan struct{}) // release pauses wait on it
+	}
+	q.mu.Unlock()
+	return q.release(ctx, h, op)
+}
+
+// release sends h's release, riding out errors that pass (a leader
+// election, an overloaded or unreachable member: the attempt's outcome is
+// unknown, and sending it again is safe) until etcd confirms it, ctx ends
+// or the session ends. If ctx ends first, the session's releaser goes on
+// with it, and release returns ctx's error.
+func (q *queue) release(ctx context.Context, h *hold, op string) error {
+	bctx, cancel := q.s.bound(ctx)
+	defer cancel()
+	backoff := minBackoff
+	for {
+		var err error
+		if ctx.Err() == nil && q.s.Err() == nil {
+			var done bool
+			if done, err = q.attempt(bctx, h, op); done {
+				return err
+			}
+		}
+		switch {
+		case q.s.Err() != nil:
+			return q.ended(ctx, h, nil, q.leftToLease(op, err))
+		case ctx.Err() != nil:
+			return q.background(ctx, h, errorf("%s %s: %w; %w", op, q.key, ctx.Err(), errReleasePending))
+		case !passing(err):
+			// etcd refused it (a permission denied, say): no retry
+			// will do better. The hold stays; Unlock may be called
+			// again.
+			q.mu.Lock()
+			if h.state == holdUnlocking {
+				h.state = holdHeld
+				q.mu.Unlock()
+				return errorf("%s %s: %w", op, q.key, err)
+			}
+			q.mu.Unlock()
+			return q.ended(ctx, h, nil, nil) // the loss watch saw the key go
+		}
+		pauseOr(ctx, &backoff, h.done)
+	}
+}
+
+// attempt sends one attempt at h's release unless the loss watch has seen
+// the key go since the last. It reports whether the release has ended (it
+// then finished h, and returns what Unlock returns), or returns the RPC's
+// error: the attempt's outcome is unknown.
+func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ error) {
+	q.mu.Lock()
+	if h.state == holdEnded {
+		q.mu.Unlock()
+		return true, q.ended(ctx, h, nil, nil)
+	}
+	first := !h.sent
+	h.sent, h.inflight = true, true
+	q.mu.Unlock()
+	resp, err := q.s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
+		Then(clientv3.OpDelete(q.key)).
+		Commit()
+	q.mu.Lock()
+	h.inflight = false
+	goneMid := h.goneMid
+	q.mu.Unlock()
+	switch {
+	case err == nil && resp.Succeeded, err != nil && goneMid:
+		// Deleted, or the loss watch saw the key go meanwhile.
+		return true, q.ended(ctx, h, nil, nil)
+	case err == nil && first:
+		// No attempt of ours can have deleted the key: it was gone
+		// before the release began.
+		lost := errorf("%w before %s: %w", ErrLockLost, op, q.keyGone(ctx, h.maxLease()))
+		return true, q.ended(ctx, h, lost, lost)
+	case err == nil:
+		// An earlier attempt may have deleted it, or someone else did
+		// (or its lease ended) before it arrived: etcd keeps nothing
+		// that tells the two apart. Not known to be lost.
+		return true, q.ended(ctx, h, nil, nil)
+	}
+	return false, err
+}
+
+// errReleasePending says the release goes on in the background.
+var errReleasePending = errors.New("the release goes on in the background")
+
+// leftToLease is what Unlock returns when the session ended before the
+// release was confirmed (err, if not nil, is the last attempt's): the key
+// goes with the session's lease.
+func (q *queue) leftToLease(op string, err error) error {
+	serr := q.s.Err()
+	if err != nil {
+		return errorf("%s %s: %v; the session ended, the key goes with its lease: %w", op, q.key, err, serr)
+	}
+	return errorf("%s %s: the session ended, the key goes with its lease: %w", op, q.key, serr)
+}
+
+// ended ends h, unless it has ended already (the loss watch, between
+// attempts), with err as its Err and rel as what Unlock returns, and
+// finishes it. It returns what Unlock returns. Called by the owner of h's
+// release.
+func (q *queue) ended(ctx context.Context, h *hold, err, rel error) error {
+	q.mu.Lock()
+	now := h.end(err)
+	if now {
+		h.rel = rel
+	} else {
+		rel = h.rel
+	}
+	claim := !h.finished
+	h.finished = true
+	q.mu.Unlock()
+	if now {
+		q.reportEnd(h, err)
+	}
+	if claim {
+		q.finishNow(ctx, h)
+	}
+	return rel
+}
+
+// background hands h's release to the session's releaser, and returns
+// err: Unlock returns before the release is confirmed. The Mutex is then
+// no longer held (Token is 0, IsOwner never holds); Done closes when the
+// release ends; the next Lock of the session waits for it, and the next
+// Unlock reports how it ended.
+func (q *queue) background(ctx context.Context, h *hold, err error) error {
+	q.mu.Lock()
+	if h.state == holdEnded {
+		q.mu.Unlock()
+		return q.ended(ctx, h, nil, nil)
+	}
+	h.state, h.owed = holdReleasing, true
+	if q.h == h {
+		q.h, q.last = nil, h
+	}
+	q.mu.Unlock()
+	if !q.s.releaser.add(q, h, false) {
+		// The session has ended: the key goes with its lease.
+		q.mu.Lock()
+		h.owed = false
+		q.mu.Unlock()
+		return q.ended(ctx, h, nil, q.leftToLease("Unlock", nil))
+	}
+	return err
+}
+
+// awaitRelease waits for a release that the releaser sends to end, and
+// returns what Unlock returns then, or ctx's error if ctx ends first.
+func (q *queue) awaitRelease(ctx context.Context, h *hold, op string) error {
+	select {
+	case <-h.done:
+	case <-ctx.Done():
+		return errorf("%s %s: %w; %w", op, q.key, ctx.Err(), errReleasePending)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	h.owed = false
+	return h.rel
+}
+
+// finishNow makes h, which has ended and whose finishing the caller
+// claimed (h.finished), no longer the queue's: it stops its loss watch,
+// revokes its max hold lease and gives back the name, which lets the next
+// Lock of the session and name go on.
+func (q *queue) finishNow(ctx context.Context, h *hold) {
+	q.mu.Lock()
+	if q.h == h {
+		q.h, q.last = nil, h
+	}
+	w := h.watch
+	q.mu.Unlock()
+	if w != nil {
+		q.s.watcher.stop(ctx, w)
+	}
+	q.revokeMaxHold(ctx, h)
+	q.s.releaseName(q.name)
+}
+
+// pauseOr is pause that also ends, early, when stop is closed.
+func pauseOr(ctx context.Context, backoff *time.Duration, stop <-chan struct{}) {
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-stop:
+	case <-t.C:
+	}
+	*backoff = min(2**backoff, maxBackoff)
+}
+
+// A releaser sends, in the background, the releases that Unlock returned
+// before etcd confirmed (its ctx ended), and tidies up after losses that
+// leave a max hold lease: one goroutine per session while any is pending,
+// which sends each one's attempts in turn, with a backoff between rounds,
+// and ends when none is left or the session ends (it then ends them all:
+// their keys go with the lease). It is safe for concurrent use.
+type releaser struct {
+	s    *Session
+	wake chan struct{} // capacity 1: a release was added, or one ended
+
+	mu      sync.Mutex // guards the fields below
+	pending []pending
+	running bool
+	closed  bool          // the session has ended and waited for run: add takes nothing more
+	done    chan struct{} // closed when the last run started has returned
+}
+
+// pending is one release of the releaser, or a tidy-up after a loss.
+type pending struct {
+	q    *queue
+	h    *hold
+	tidy bool
+}
+
+func newReleaser(s *Session) *releaser {
+	return &releaser{s: s, wake: make(chan struct{}, 1)}
+}
+
+// add has the releaser send h's release (h is releasing), or, with tidy,
+// tidy up after its loss (h has ended, and its finishing is claimed). It
+// reports false, and takes nothing, once the session has ended.
+func (r *releaser) add(q *queue, h *hold, tidy bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.s.Err() != nil {
+		return false
+	}
+	r.pending = append(r.pending, pending{q, h, tidy})
+	if !r.running {
+		r.running = true
+		r.done = make(chan struct{})
+		go r.run(r.done)
+	}
+	r.signal()
+	return true
+}
+
+// signal wakes the releaser.
+func (r *releaser) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// wait waits until the releaser's goroutine has returned, once the
+// session has ended: the goroutine ends every release left (their keys go
+// with the lease) and returns at once.
+func (r *releaser) wait() {
+	r.mu.Lock()
+	r.closed = true
+	running, done := r.running, r.done
+	r.mu.Unlock()
+	if running {
+		<-done
+	}
+}
+
+// run sends the pending releases until none is left.
+func (r *releaser) run(done chan struct{}) {
+	defer close(done)
+	backoff := minBackoff
+	for {
+		r.mu.Lock()
+		work := r.pending
+		r.pending = nil
+		if len(work) == 0 {
+			r.running = false
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		var left []pending
+		for _, p := range work {
+			if !p.q.step(p.h, p.tidy) {
+				left = append(left, p)
+			}
+		}
+		r.mu.Lock()
+		r.pending = append(left, r.pending...)
+		r.mu.Unlock()
+		if len(left) == 0 {
+			backoff = minBackoff
+			continue
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-r.s.endCtx.Done():
+		case <-r.wake:
+		case <-t.C:
+		}
+		t.Stop()
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// step is one round of the releaser for h: an attempt at its release, or
+// its tidy-up after a loss. It reports whether h is done with. Every error
+// is tried again, after the releaser's backoff, for as long as the session
+// lives: no caller waits on it, and a lock left held would block every
+// waiter while the session renews it.
+func (q *queue) step(h *hold, tidy bool) bool {
+	if q.s.Err() != nil {
+		// The key goes with the lease (Close revokes a max hold lease,
+		// or it runs out).
+		if tidy {
+			q.finishNow(context.Background(), h)
+		} else {
+			q.ended(context.Background(), h, nil, q.leftToLease("Unlock", nil))
+		}
+		return true
+	}
+	actx, cancel := context.WithTimeout(q.s.endCtx, cleanupTimeout)
+	defer cancel()
+	if tidy {
+		// Tidy up after a loss: delete the key if it is still this
+		// hold's (its max hold lease has not run out), then revoke that
+		// lease.
+		_, err := q.s.cli.Txn(actx).
+			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
+			Then(clientv3.OpDelete(q.key)).
+			Commit()
+		if err == nil || q.s.Err() != nil {
+			q.finishNow(actx, h)
+			return true
+		}
+		return false
+	}
+	done, _ := q.attempt(actx, h, "Unlock")
+	if !done && q.s.Err() != nil {
+		q.ended(context.Background(), h, nil, q.leftToLease("Unlock", nil))
+		return true
+	}
+	return done
+}
