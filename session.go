@@ -396,9 +396,15 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 			next.Reset(max(0, interval-time.Since(sent)))
 		case err == nil: // etcd answers TTL 0 or less for a lease it does not have
 			err, gone = s.goneErr(), true
+		case errors.Is(err, errStreamBroken):
+			// The request proves nothing and its stream is gone: ask
+			// again at once. The new request waits for the keeper's next
+			// stream, and the keeper paces its streams with its backoff;
+			// waiting here too would only spend the lease's life.
+			next.Reset(0)
 		default:
-			// etcd unreachable or busy, or the stream broke: try again
-			// soon, until the deadline.
+			// etcd unreachable or busy: try again soon, until the
+			// deadline.
 			next.Reset(retry)
 		}
 		// A failure because the loop was stopped is no failure to renew.
