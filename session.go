@@ -347,6 +347,7 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 	defer unwatch()
 	interval := s.ttl / 3
 	retry := min(interval, 500*time.Millisecond)
+	patience := stuckAfter(s.ttl)
 
 	next := time.NewTimer(interval)
 	defer next.Stop()
@@ -383,7 +384,7 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 		if s.ev != nil {
 			began = time.Now()
 		}
-		sent, ttl, err := s.keeper.renew(rctx, s.id)
+		sent, ttl, err := s.keeper.renew(rctx, s.id, patience)
 		cancel()
 		gone := false
 		switch {
@@ -397,10 +398,11 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 		case err == nil: // etcd answers TTL 0 or less for a lease it does not have
 			err, gone = s.goneErr(), true
 		case errors.Is(err, errStreamBroken):
-			// The request proves nothing and its stream is gone: ask
-			// again at once. The new request waits for the keeper's next
-			// stream, and the keeper paces its streams with its backoff;
-			// waiting here too would only spend the lease's life.
+			// The request proves nothing and its stream is gone (it
+			// broke, or was given up as stuck): ask again at once. The
+			// new request waits for the keeper's next stream, and the
+			// keeper paces its streams with its backoff; waiting here
+			// too would only spend the lease's life (see stuckAfter).
 			next.Reset(0)
 		default:
 			// etcd unreachable or busy: try again soon, until the
