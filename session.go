@@ -26,6 +26,13 @@ import (
 // before etcd can expire the lease and hand this session's locks to anyone
 // else.
 //
+// A renewal left unanswered for TTL/2 − 200ms, while nothing else comes on
+// the shared stream either, marks the stream as stuck (as over a TCP
+// connection gone half-open): it is given up for a new one, which the
+// client may open to another of its endpoints, and the renewal is tried
+// again there. The client's other calls still rely on gRPC keepalive
+// (clientv3.Config.DialKeepAliveTime) to notice a dead connection.
+//
 // A Session is safe for concurrent use. A lease must never be used by two
 // processes at once (see WithLease): locks of one session share the key
 // name/<lease> and exclude each other only inside one process.
