@@ -27,6 +27,13 @@ import (
 // a lease is the one an answer for that lease answers. Requests whose
 // answers never come, because the stream broke, prove nothing: their
 // sessions are told so and try again on the next stream.
+//
+// A stream can also stop answering without breaking: over a TCP
+// connection gone half-open, which gRPC notices only with keepalive
+// (clientv3.Config.DialKeepAliveTime), requests go out and nothing comes
+// back. The keeper gives such a stream up as if it had broken (see
+// stuckAfter) and opens another, which the client's balancer may put on
+// another connection, to another endpoint.
 
 // keepers holds the keeper of each client that has sessions.
 var keepers struct {
@@ -35,9 +42,10 @@ var keepers struct {
 }
 
 // A keeper sends the lease renewals of the sessions of one client on one
-// LeaseKeepAlive stream, and opens another when it breaks. It opens the
-// stream when there is a first renewal to send, not when it starts: a
-// session makes no call beyond its Grant until its first renewal. It
+// LeaseKeepAlive stream, and opens another when it breaks or is stuck
+// (see stuckAfter). It opens the stream when there is a first renewal to
+// send, not when it starts: a session makes no call beyond its Grant
+// until its first renewal. It
 // starts with the client's first session and ends when the last one ends
 // or the client is closed. It is safe for concurrent use.
 type keeper struct {
@@ -50,18 +58,22 @@ type keeper struct {
 
 	refs int // sessions using the keeper; guarded by keepers.mu
 
-	mu      sync.Mutex                      // guards queue, pending, sending and every renewal's sent and abandoned
+	mu      sync.Mutex                      // guards queue, pending, sending, heard, check, checkAt and every renewal's sent and abandoned
 	queue   []*renewal                      // asked for, not yet sent
 	pending map[clientv3.LeaseID][]*renewal // sent on the open stream, not yet answered: per lease, oldest first
 	sending bool                            // a stream is open and its sender may send
+	heard   time.Time                       // when a stream last delivered an answer
+	check   *time.Timer                     // tells serve to look whether the open stream is stuck
+	checkAt time.Time                       // when check fires; zero when it is stopped
 }
 
 // A renewal is one keepalive request of a session.
 type renewal struct {
 	id        clientv3.LeaseID
-	sent      time.Time    // when it was handed to the stream
-	abandoned bool         // its session stopped waiting before it was sent: not sent
-	res       chan renewed // receives the outcome, once; capacity 1
+	patience  time.Duration // how long it waits for an answer on a silent stream: see stuckAfter
+	sent      time.Time     // when it was handed to the stream
+	abandoned bool          // its session stopped waiting before it was sent: not sent
+	res       chan renewed  // receives the outcome, once; capacity 1
 }
 
 // renewed is the outcome of a renewal: the lease's TTL from when the
@@ -75,6 +87,31 @@ type renewed struct {
 // errStreamBroken is why a renewal fails that was sent on a stream that
 // broke before answering it.
 var errStreamBroken = errors.New("lease keepalive stream broke before answering")
+
+// stuckAfter is how long a renewal of a lease of TTL ttl waits for its
+// answer, with nothing at all coming on the stream meanwhile, before the
+// keeper takes the stream for stuck and gives it up: every request pending
+// on it fails, as when a stream breaks, and their sessions ask again at
+// once, on the next stream.
+//
+// The wait must outlast answers that are only late (etcd under load, a
+// slow link), and leave the session time to renew on a new stream before
+// it gives up. A session sends a renewal TTL/3 after the last one etcd
+// confirmed, the request goes out up to sendBatchDelay later, and the
+// session gives up at TTL less its margin (100ms up to a TTL of 5s, TTL/50
+// above). Waiting TTL/2 − 200ms leaves it TTL/6 + 200ms less those two for
+// the keeper's backoff (25ms after a stream that answered), a new stream
+// and a round trip: 167ms at etcd's minimum TTL of 1s, 500ms at 3s, 2.3s at
+// the default 15s. And an answer that takes up to 1.3s still counts at a
+// TTL of 3s, 7.3s at 15s. No plain fraction of the TTL does both: TTL/3
+// gives up on answers 1s late at 3s, TTL/2 leaves no time at all at 1s.
+//
+// Answers to other requests are signs of life: a stream that keeps
+// answering is not stuck, however far behind it is (etcd answers a
+// stream's requests in order, and a burst of them waits in line).
+func stuckAfter(ttl time.Duration) time.Duration {
+	return ttl/2 - 200*time.Millisecond
+}
 
 // sendBatchDelay is how long the sender lets requests gather before it
 // sends them: see send.
@@ -117,7 +154,9 @@ func acquireKeeper(cli *clientv3.Client) *keeper {
 		wake:    make(chan struct{}, 1),
 		refs:    1,
 		pending: make(map[clientv3.LeaseID][]*renewal),
+		check:   time.NewTimer(time.Hour),
 	}
+	k.check.Stop()
 	keepers.m[cli] = k
 	go k.run()
 	return k
@@ -146,10 +185,12 @@ func (k *keeper) release() {
 // renew sends a keepalive request for lease id and waits for its answer
 // until ctx ends. It returns when the request was sent and the TTL etcd
 // answered (0 or less when the lease does not exist), or an error: the
-// stream broke, or ctx ended. A request waits for a stream to be open;
-// one not sent when ctx ends never is. A failed renewal proves nothing;
-// the caller may try again.
-func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID) (sent time.Time, ttl int64, err error) {
+// stream broke or was given up as stuck, or ctx ended. patience is how
+// long the request may wait for its answer on a silent stream before the
+// stream counts as stuck (see stuckAfter). A request waits for a stream
+// to be open; one not sent when ctx ends never is. A failed renewal
+// proves nothing; the caller may try again.
+func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID, patience time.Duration) (sent time.Time, ttl int64, err error) {
 	if k.lease == nil {
 		sent = time.Now()
 		resp, err := k.cli.KeepAliveOnce(ctx, id)
@@ -161,7 +202,7 @@ func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID) (sent time.Time
 		}
 		return sent, resp.TTL, nil
 	}
-	r := &renewal{id: id, res: make(chan renewed, 1)}
+	r := &renewal{id: id, patience: patience, res: make(chan renewed, 1)}
 	k.mu.Lock()
 	k.queue = append(k.queue, r)
 	k.mu.Unlock()
@@ -218,9 +259,9 @@ func (k *keeper) run() {
 	}
 }
 
-// serve opens one stream and serves it until it breaks or the keeper
-// stops. It reports whether etcd answered anything on it. The requests
-// sent on it and not answered fail: they prove nothing.
+// serve opens one stream and serves it until it breaks, it is stuck or
+// the keeper stops. It reports whether etcd answered anything on it. The
+// requests sent on it and not answered fail: they prove nothing.
 func (k *keeper) serve() (answered bool) {
 	// A member without a leader cannot renew a lease: with
 	// WithRequireLeader it ends the stream, and the next one may go to a
@@ -243,13 +284,32 @@ func (k *keeper) serve() (answered bool) {
 		k.send(ctx, stream)
 		cancel() // a failed send breaks the stream: Recv returns too
 	}()
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			break
+	recvDone := make(chan struct{})
+	go func() {
+		defer close(recvDone)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			answered = true
+			k.answer(resp)
 		}
-		answered = true
-		k.answer(resp)
+	}()
+	// Watch for a stuck stream here, not in the sender or the receiver:
+	// either may be blocked on the stream for good (Send too, once the
+	// stream's flow control window is used up).
+	for done := false; !done; {
+		select {
+		case <-recvDone:
+			done = true
+		case <-k.check.C:
+			if k.stuck(time.Now()) {
+				cancel() // Recv returns
+				<-recvDone
+				done = true
+			}
+		}
 	}
 
 	k.mu.Lock()
@@ -259,6 +319,8 @@ func (k *keeper) serve() (answered bool) {
 		failed = append(failed, q...)
 	}
 	clear(k.pending)
+	k.check.Stop()
+	k.checkAt = time.Time{}
 	k.mu.Unlock()
 	cancel()
 	<-sendDone
@@ -295,6 +357,10 @@ func (k *keeper) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient)
 			// extends the lease from then, no earlier than this.
 			r.sent = time.Now()
 			k.pending[r.id] = append(k.pending[r.id], r)
+			if due := r.sent.Add(r.patience); k.checkAt.IsZero() || due.Before(k.checkAt) {
+				k.checkAt = due
+				k.check.Reset(r.patience)
+			}
 			k.mu.Unlock()
 			if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(r.id)}); err != nil {
 				return
@@ -328,6 +394,7 @@ func (k *keeper) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient)
 func (k *keeper) answer(resp *pb.LeaseKeepAliveResponse) {
 	id := clientv3.LeaseID(resp.ID)
 	k.mu.Lock()
+	k.heard = time.Now()
 	q := k.pending[id]
 	if len(q) == 0 {
 		// Not a request of ours: nothing to learn from it.
@@ -337,6 +404,11 @@ func (k *keeper) answer(resp *pb.LeaseKeepAliveResponse) {
 	r := q[0]
 	if len(q) == 1 {
 		delete(k.pending, id)
+		if len(k.pending) == 0 && !k.checkAt.IsZero() {
+			// Nothing left to be stuck on: no need to look.
+			k.check.Stop()
+			k.checkAt = time.Time{}
+		}
 	} else {
 		q[0] = nil
 		k.pending[id] = q[1:]
@@ -344,4 +416,35 @@ func (k *keeper) answer(resp *pb.LeaseKeepAliveResponse) {
 	sent := r.sent
 	k.mu.Unlock()
 	r.res <- renewed{sent: sent, ttl: resp.TTL}
+}
+
+// stuck reports whether the open stream is stuck at now: a request on it
+// has waited for its patience for an answer, and the stream has delivered
+// nothing for as long. Then its sender sends nothing more. Otherwise it
+// sets check to fire when the next request is due.
+func (k *keeper) stuck(now time.Time) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var next time.Time
+	for _, q := range k.pending {
+		for _, r := range q {
+			due := r.sent
+			if k.heard.After(due) {
+				due = k.heard
+			}
+			due = due.Add(r.patience)
+			if !due.After(now) {
+				k.sending = false
+				return true
+			}
+			if next.IsZero() || due.Before(next) {
+				next = due
+			}
+		}
+	}
+	k.checkAt = next
+	if !next.IsZero() {
+		k.check.Reset(next.Sub(now))
+	}
+	return false
 }

@@ -53,3 +53,79 @@ func TestKeeperMatchesOldestSend(t *testing.T) {
 		t.Errorf("pending left: %v", k.pending)
 	}
 }
+
+// TestKeeperStuck: the keeper takes its stream for stuck when a request
+// has waited for its patience and the stream has delivered nothing for as
+// long, and not before: an answer to another request shows the stream is
+// alive, however late the one waited for is. Until then it looks again
+// when the next request is due.
+func TestKeeperStuck(t *testing.T) {
+	t0 := time.Now()
+	newKeeper := func() *keeper {
+		k := &keeper{pending: make(map[clientv3.LeaseID][]*renewal), check: time.NewTimer(time.Hour), sending: true}
+		t.Cleanup(func() { k.check.Stop() })
+		return k
+	}
+	send := func(k *keeper, id clientv3.LeaseID, sent time.Time, patience time.Duration) {
+		k.pending[id] = append(k.pending[id], &renewal{id: id, sent: sent, patience: patience})
+	}
+	for _, c := range []struct {
+		name   string
+		sends  func(k *keeper)
+		heard  time.Duration // after t0; 0: nothing heard
+		now    time.Duration // after t0
+		stuck  bool
+		nextAt time.Duration // after t0, when not stuck; 0: nothing pending
+	}{
+		{name: "NothingPending", now: time.Hour},
+		{name: "Waiting", sends: func(k *keeper) { send(k, 1, t0, time.Second) }, now: 999 * time.Millisecond, nextAt: time.Second},
+		{name: "Due", sends: func(k *keeper) { send(k, 1, t0, time.Second) }, now: time.Second, stuck: true},
+		{name: "HeardBeforeSent", sends: func(k *keeper) { send(k, 1, t0, time.Second) }, heard: -time.Second, now: time.Second, stuck: true},
+		{name: "HeardSince", sends: func(k *keeper) { send(k, 1, t0, time.Second) }, heard: 500 * time.Millisecond, now: time.Second, nextAt: 1500 * time.Millisecond},
+		{name: "HeardLongAgo", sends: func(k *keeper) { send(k, 1, t0, time.Second) }, heard: 500 * time.Millisecond, now: 1500 * time.Millisecond, stuck: true},
+		{
+			name: "ShortPatienceSentLater",
+			sends: func(k *keeper) {
+				send(k, 1, t0, 10*time.Second)
+				send(k, 2, t0.Add(time.Second), time.Second)
+			},
+			now:    1500 * time.Millisecond,
+			nextAt: 2 * time.Second,
+		},
+		{
+			name: "ShortPatienceDue",
+			sends: func(k *keeper) {
+				send(k, 1, t0, 10*time.Second)
+				send(k, 2, t0.Add(time.Second), time.Second)
+			},
+			now:   2 * time.Second,
+			stuck: true,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := newKeeper()
+			if c.sends != nil {
+				c.sends(k)
+			}
+			if c.heard != 0 {
+				k.heard = t0.Add(c.heard)
+			}
+			if got := k.stuck(t0.Add(c.now)); got != c.stuck {
+				t.Fatalf("stuck = %v, want %v", got, c.stuck)
+			}
+			if c.stuck {
+				if k.sending {
+					t.Error("the sender may still send on a stuck stream")
+				}
+				return
+			}
+			var want time.Time
+			if c.nextAt != 0 {
+				want = t0.Add(c.nextAt)
+			}
+			if !k.checkAt.Equal(want) {
+				t.Errorf("next check at %v, want %v", k.checkAt.Sub(t0), c.nextAt)
+			}
+		})
+	}
+}

@@ -2,6 +2,8 @@ package etcdlock_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,9 +12,12 @@ import (
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // keepAliveCount counts a client's lease keepalive requests and answers,
@@ -236,4 +241,176 @@ func TestDoneWithoutConnection(t *testing.T) {
 	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
 	require.Contains(t, m.Err().Error(), "was deleted")
 	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+}
+
+// stallingKeepAlive makes a client's LeaseKeepAlive stream stop answering,
+// as a stream does whose TCP connection went half-open: once stall is
+// called, the stream open at that moment delivers nothing more (its
+// RecvMsg swallows every answer and returns only when the stream's context
+// ends), while the streams opened after it work. It records every answer
+// that reaches the client.
+type stallingKeepAlive struct {
+	answers chan keepAliveAnswer // every answer delivered, until full
+	end     sync.Once            // closes ended
+	ended   chan struct{}        // closed when the stalled stream has ended
+	endedAt time.Time            // when it ended; read once ended is closed
+
+	mu      sync.Mutex      // guards current, opened
+	current *stallingStream // the newest stream
+	opened  int             // streams opened
+}
+
+// A keepAliveAnswer is an answer delivered on the stream-th keepalive
+// stream the client opened, counted from 1.
+type keepAliveAnswer struct {
+	lease  clientv3.LeaseID
+	ttl    int64
+	stream int
+	at     time.Time
+}
+
+func newStallingKeepAlive() *stallingKeepAlive {
+	return &stallingKeepAlive{answers: make(chan keepAliveAnswer, 1024), ended: make(chan struct{})}
+}
+
+func (p *stallingKeepAlive) DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil || method != "/etcdserverpb.Lease/LeaseKeepAlive" {
+			return cs, err
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.opened++
+		p.current = &stallingStream{ClientStream: cs, ctx: ctx, p: p, n: p.opened}
+		return p.current, nil
+	})}
+}
+
+// stall makes the stream open now deliver no more answers, and returns
+// which stream it is.
+func (p *stallingKeepAlive) stall(t *testing.T) int {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	require.NotNil(t, p.current, "no keepalive stream to stall")
+	p.current.stalled.Store(true)
+	return p.current.n
+}
+
+// streams returns how many keepalive streams the client has opened.
+func (p *stallingKeepAlive) streams() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.opened
+}
+
+type stallingStream struct {
+	grpc.ClientStream
+	ctx     context.Context
+	p       *stallingKeepAlive
+	n       int
+	stalled atomic.Bool
+}
+
+func (s *stallingStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if s.stalled.Load() {
+		// An answer, or the stream's end, that never reaches the client:
+		// it waits until the client gives the stream up.
+		<-s.ctx.Done()
+		s.p.end.Do(func() {
+			s.p.endedAt = time.Now()
+			close(s.p.ended)
+		})
+		return status.Error(codes.Canceled, s.ctx.Err().Error())
+	}
+	if err == nil {
+		resp := m.(*pb.LeaseKeepAliveResponse)
+		select {
+		case s.p.answers <- keepAliveAnswer{lease: clientv3.LeaseID(resp.ID), ttl: resp.TTL, stream: s.n, at: time.Now()}:
+		default:
+		}
+	}
+	return err
+}
+
+// waitRenewed waits until etcd has renewed the lease of each session in
+// ss with an answer delivered on a stream after the after-th and at or
+// after since. It fails at once if a session ends, or after within.
+func (p *stallingKeepAlive) waitRenewed(t *testing.T, ss []*etcdlock.Session, after int, since time.Time, within time.Duration) {
+	t.Helper()
+	ended := make(chan *etcdlock.Session, len(ss))
+	for _, s := range ss {
+		go func() {
+			select {
+			case <-s.Done():
+				ended <- s
+			case <-t.Context().Done():
+			}
+		}()
+	}
+	left := make(map[clientv3.LeaseID]bool)
+	for _, s := range ss {
+		left[s.Lease()] = true
+	}
+	timeout := time.After(within)
+	for len(left) > 0 {
+		select {
+		case a := <-p.answers:
+			if a.stream > after && !a.at.Before(since) && a.ttl > 0 {
+				delete(left, a.lease)
+			}
+		case s := <-ended:
+			t.Fatalf("session of lease %x ended: %v", s.Lease(), s.Err())
+		case <-timeout:
+			t.Fatalf("%d of %d leases not renewed on a stream after the %d-th, since %v, within %v", len(left), len(ss), after, since.Format(time.StampMilli), within)
+		}
+	}
+}
+
+// TestKeepAliveStuckStreamReplaced: a keepalive stream that stops
+// answering (issue 17, item 8: a half-open TCP connection, which gRPC
+// without keepalive does not notice) is given up and another opened, on
+// which the sessions go on renewing. Before, the keeper kept the stream:
+// every renewal waited on it for an answer that never came, and every
+// session of the client ended when its lease's known life ran out, though
+// a new stream would have renewed them.
+func TestKeepAliveStuckStreamReplaced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits two lease TTLs")
+	}
+	t.Parallel()
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprintf("Sessions%d", n), func(t *testing.T) {
+			t.Parallel()
+			p := newStallingKeepAlive()
+			cli := cluster.Client(t, clientv3.Config{DialOptions: p.DialOptions()})
+			var ss []*etcdlock.Session
+			for range n {
+				ss = append(ss, newSession(t, cli, etcdlock.WithTTL(3*time.Second)))
+			}
+			ttl := ss[0].TTL()
+			p.waitRenewed(t, ss, 0, time.Time{}, 10*time.Second)
+
+			stalled := p.stall(t)
+			at := time.Now()
+			// Each lease renewed by an answer that came twice its TTL after
+			// the stream stalled: on another stream, since the stalled one
+			// delivers nothing.
+			p.waitRenewed(t, ss, stalled, at.Add(2*ttl), 2*ttl+10*time.Second)
+			for _, s := range ss {
+				require.False(t, closed(s.Done()), "session of lease %x ended", s.Lease())
+				require.NoError(t, s.Err())
+			}
+			requireAlive(t, cli, ss)
+			select {
+			case <-p.ended:
+				t.Logf("stalled stream given up %v after it stalled", p.endedAt.Sub(at).Round(time.Millisecond))
+			case <-time.After(10 * time.Second):
+				t.Fatal("the stalled stream was not given up")
+			}
+			require.Equal(t, stalled+1, p.streams(), "one new stream for the stalled one")
+		})
+	}
 }

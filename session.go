@@ -26,6 +26,13 @@ import (
 // before etcd can expire the lease and hand this session's locks to anyone
 // else.
 //
+// A renewal left unanswered for TTL/2 − 200ms, while nothing else comes on
+// the shared stream either, marks the stream as stuck (as over a TCP
+// connection gone half-open): it is given up for a new one, which the
+// client may open to another of its endpoints, and the renewal is tried
+// again there. The client's other calls still rely on gRPC keepalive
+// (clientv3.Config.DialKeepAliveTime) to notice a dead connection.
+//
 // A Session is safe for concurrent use. A lease must never be used by two
 // processes at once (see WithLease): locks of one session share the key
 // name/<lease> and exclude each other only inside one process.
@@ -350,6 +357,7 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 	defer unwatch()
 	interval := s.ttl / 3
 	retry := min(interval, 500*time.Millisecond)
+	patience := stuckAfter(s.ttl)
 
 	next := time.NewTimer(interval)
 	defer next.Stop()
@@ -386,7 +394,7 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 		if s.ev != nil {
 			began = time.Now()
 		}
-		sent, ttl, err := s.keeper.renew(rctx, s.id)
+		sent, ttl, err := s.keeper.renew(rctx, s.id, patience)
 		cancel()
 		gone := false
 		switch {
@@ -399,9 +407,16 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 			next.Reset(max(0, interval-time.Since(sent)))
 		case err == nil: // etcd answers TTL 0 or less for a lease it does not have
 			err, gone = s.goneErr(), true
+		case errors.Is(err, errStreamBroken):
+			// The request proves nothing and its stream is gone (it
+			// broke, or was given up as stuck): ask again at once. The
+			// new request waits for the keeper's next stream, and the
+			// keeper paces its streams with its backoff; waiting here
+			// too would only spend the lease's life (see stuckAfter).
+			next.Reset(0)
 		default:
-			// etcd unreachable or busy, or the stream broke: try again
-			// soon, until the deadline.
+			// etcd unreachable or busy: try again soon, until the
+			// deadline.
 			next.Reset(retry)
 		}
 		// A failure because the loop was stopped is no failure to renew.
