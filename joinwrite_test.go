@@ -8,8 +8,11 @@ import (
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Tests of the write that joins the queue on a slow etcd: Lock sets no
@@ -187,4 +190,78 @@ func TestDoUnlockWaitsForSlowAnswer(t *testing.T) {
 	px.DelayAnswers(0)
 	require.Empty(t, keys(t, cli, name))
 	require.NoError(t, s.Err(), "the session must have lived through it")
+}
+
+// TestJoinWriteSessionEndsMidWrite (issue 17, item 10): the session ends
+// while the write that joins the queue is in flight (its answer lost, or
+// never sent). Lock's error must match ErrSessionExpired and not
+// context.Canceled, whose Lock's own ctx is alive: before, the write's
+// context, bound to the session, ended with it, and Lock reported that as
+// its caller's ctx's end.
+func TestJoinWriteSessionEndsMidWrite(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		try  bool
+		act  func(s *etcdlock.Session) etcdtest.Action
+	}{
+		{"AnswerLost", false, func(s *etcdlock.Session) etcdtest.Action {
+			return etcdtest.Action{After: func(etcdtest.RPC, error) error {
+				s.Orphan()
+				return status.Error(codes.Unavailable, "test: the answer was lost")
+			}}
+		}},
+		{"NotSent", false, func(s *etcdlock.Session) etcdtest.Action {
+			return etcdtest.Action{Before: func(etcdtest.RPC) { s.Orphan() }}
+		}},
+		{"TryAnswerLost", true, func(s *etcdlock.Session) etcdtest.Action {
+			return etcdtest.Action{After: func(etcdtest.RPC, error) error {
+				s.Orphan()
+				return status.Error(codes.Unavailable, "test: the answer was lost")
+			}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var in etcdtest.Injector
+			cli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+			s, err := etcdlock.NewSession(cli)
+			require.NoError(t, err)
+			defer s.Close()
+			m := etcdlock.NewMutex(s, lockName(t))
+			// The joining write: the Txn that puts the key.
+			fired := in.At(func(r etcdtest.RPC) bool { return puts(r.Req, m.Key()) }, tc.act(s))
+			if tc.try {
+				err = m.TryLock(t.Context())
+			} else {
+				err = m.Lock(t.Context())
+			}
+			<-fired
+			require.ErrorIs(t, err, etcdlock.ErrSessionExpired)
+			require.NotErrorIs(t, err, context.Canceled, "Lock's ctx is alive: %v", err)
+			require.NoError(t, t.Context().Err())
+		})
+	}
+}
+
+// puts reports whether req is a Txn that puts key (in any branch, nested
+// or not).
+func puts(req any, key string) bool {
+	txn, ok := req.(*pb.TxnRequest)
+	if !ok {
+		return false
+	}
+	var in func(ops []*pb.RequestOp) bool
+	in = func(ops []*pb.RequestOp) bool {
+		for _, op := range ops {
+			if p := op.GetRequestPut(); p != nil && string(p.Key) == key {
+				return true
+			}
+			if t := op.GetRequestTxn(); t != nil && (in(t.Success) || in(t.Failure)) {
+				return true
+			}
+		}
+		return false
+	}
+	return in(txn.Success) || in(txn.Failure)
 }

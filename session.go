@@ -464,12 +464,15 @@ func (s *Session) bound(ctx context.Context) (context.Context, context.CancelFun
 	}
 }
 
-// leaseIsGone reports whether etcd said the session's lease no longer
-// exists (or Close revoked it).
-func (s *Session) leaseIsGone() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.leaseGone
+// callerErr returns the error of ctx, a context bound to the session
+// (bound), if it ended by its own doing: nil while it lasts, and when the
+// session's end is what ended it first.
+func (s *Session) callerErr(ctx context.Context) error {
+	err := ctx.Err()
+	if err != nil && s.Err() != nil && context.Cause(ctx) == context.Cause(s.endCtx) {
+		return nil
+	}
+	return err
 }
 
 // lost ends the session because etcd says its lease is gone, and notes

@@ -326,11 +326,12 @@ func (q *queue) join(ctx context.Context, mode KeyMode, val string) (*clientv3.T
 // unknownWrite explains the failure of a write of Lock whose outcome is
 // unknown (err is the RPC's error): while the session lives, ctx's error
 // if ctx has ended, else err; once the session has ended, an error that
-// says so, matching ctx's error if ctx has ended and ErrSessionExpired,
-// and that says the key, if the write put it, goes with the lease.
+// says so, matching ErrSessionExpired, and ctx's error only if the
+// caller's ctx ended (ctx is bound to the session), and that says the
+// key, if the write put it, goes with the lease.
 func (q *queue) unknownWrite(ctx context.Context, err error) error {
 	serr := q.s.Err()
-	cerr := ctx.Err()
+	cerr := q.s.callerErr(ctx)
 	switch {
 	case serr != nil && cerr != nil:
 		return errorf("%w; the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", cerr, q.name, err, serr)
