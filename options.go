@@ -54,9 +54,16 @@ func WithTTL(d time.Duration) SessionOption {
 
 // WithLease makes the session use an existing lease instead of granting a
 // new one. NewSession checks the lease is alive and takes over its
-// keepalives; Close revokes it. Default: a new lease. A lease must never be
-// used by two processes at once: locks of one session share the key
-// name/<lease> and exclude each other only inside one process.
+// keepalives; Close revokes it. Default: a new lease.
+//
+// The locks of a session share the key name/<lease>, and exclude each
+// other only through the session. So NewSession returns an error matching
+// ErrInvalidOption for a lease that another Session of this process still
+// uses, through any client of the cluster: adopt a lease once the Session
+// that used it has ended (Orphan, Close, its lease's loss), and its calls
+// have returned. Keys it left under the lease are then the new session's: a
+// lock in the same mode takes its place. A lease must never be used by two
+// processes at once.
 func WithLease(id clientv3.LeaseID) SessionOption {
 	return func(o *sessionOptions) error {
 		if id <= 0 {

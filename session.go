@@ -33,15 +33,19 @@ import (
 // again there. The client's other calls still rely on gRPC keepalive
 // (clientv3.Config.DialKeepAliveTime) to notice a dead connection.
 //
-// A Session is safe for concurrent use. A lease must never be used by two
-// processes at once (see WithLease): locks of one session share the key
-// name/<lease> and exclude each other only inside one process.
+// A Session is safe for concurrent use. Its locks share the key
+// name/<lease>, and exclude each other only through the Session: a process
+// keeps one Session per lease alive at a time (NewSession refuses a second
+// one, see WithLease), and a lease must never be used by two processes at
+// once.
 type Session struct {
 	cli    *clientv3.Client
 	keeper *keeper // renews the lease, on the stream shared by cli's sessions
 	id     clientv3.LeaseID
 	ttl    time.Duration // TTL etcd granted
-	donec  chan struct{} // closed when the session ends
+
+	leaseKey leaseKey      // the lease in the process's registry (claimLease), until the session ends
+	donec    chan struct{} // closed when the session ends
 
 	// endCtx is cancelled when the session ends, with the reason as cause,
 	// so that RPCs made for the session's locks stop with it.
@@ -86,6 +90,44 @@ func requireLeader(ctx context.Context) context.Context {
 // errClientClosed is why a session ends when its client was closed.
 var errClientClosed = errors.New("etcd client closed")
 
+// Two Sessions on one lease would share every key name/<lease>, and etcd
+// could not tell their locks apart: a Mutex of each would hold at once,
+// and one's Unlock would delete the other's key. So a process keeps one
+// Session per lease alive at a time: the leases of its live sessions are
+// registered by cluster (lease IDs are unique within a cluster only).
+var leasesInUse struct {
+	mu sync.Mutex
+	m  map[leaseKey]bool
+}
+
+// leaseKey names a lease across the clusters a process may use.
+type leaseKey struct {
+	cluster uint64
+	id      clientv3.LeaseID
+}
+
+// claimLease registers the lease of a new Session, and reports false if a
+// live Session of this process has it.
+func claimLease(k leaseKey) bool {
+	leasesInUse.mu.Lock()
+	defer leasesInUse.mu.Unlock()
+	if leasesInUse.m[k] {
+		return false
+	}
+	if leasesInUse.m == nil {
+		leasesInUse.m = make(map[leaseKey]bool)
+	}
+	leasesInUse.m[k] = true
+	return true
+}
+
+// releaseLease forgets a lease claimLease registered: its Session ended.
+func releaseLease(k leaseKey) {
+	leasesInUse.mu.Lock()
+	defer leasesInUse.mu.Unlock()
+	delete(leasesInUse.m, k)
+}
+
 // nameLock lets one Mutex of a session at a time queue for or hold a name:
 // they all share the key name/<lease>, so etcd cannot tell them apart. It
 // is kept by value in Session.names, guarded by Session.mu.
@@ -115,12 +157,15 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	}
 	sent := time.Now()
 	id, ttl, left := o.lease, time.Duration(0), time.Duration(0)
+	var lk leaseKey
 	if id == 0 {
 		resp, err := cli.Grant(rctx, ttlSeconds(o.ttl))
 		if err != nil {
 			return nil, errorf("grant lease: %w", err)
 		}
 		id, ttl, left = resp.ID, time.Duration(resp.TTL)*time.Second, time.Duration(resp.TTL)*time.Second
+		lk = leaseKey{resp.ResponseHeader.GetClusterId(), id}
+		claimLease(lk) // new: no Session has it
 	} else {
 		resp, err := cli.TimeToLive(rctx, id)
 		if err != nil {
@@ -129,11 +174,18 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		if resp.TTL < 0 { // -1: no such lease; 0 is a live lease with under 1s left
 			return nil, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
 		}
+		lk = leaseKey{resp.ResponseHeader.GetClusterId(), id}
+		if !claimLease(lk) {
+			return nil, errorf("%w: lease %x is in use by another Session of this process", ErrInvalidOption, id)
+		}
 		ttl = time.Duration(resp.GrantedTTL) * time.Second
 		// Renew at once: the lease may have little time left, less than
 		// the first renewal interval.
 		sent = time.Now()
 		ka, err := cli.KeepAliveOnce(rctx, id)
+		if err != nil {
+			releaseLease(lk)
+		}
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return nil, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
 		}
@@ -156,6 +208,7 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		cli:       cli,
 		keeper:    acquireKeeper(cli),
 		id:        id,
+		leaseKey:  lk,
 		ttl:       ttl,
 		donec:     make(chan struct{}),
 		stop:      func() { stop(nil) },
@@ -313,6 +366,7 @@ func (s *Session) end(cause SessionEnd, err error) {
 	close(s.donec)
 	s.endCancel(err)
 	s.mu.Unlock()
+	releaseLease(s.leaseKey)
 	if s.ev != nil {
 		s.ev.sessionDone(SessionDoneInfo{Lease: s.id, Cause: cause, Err: err})
 	}

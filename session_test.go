@@ -278,3 +278,36 @@ func waitStreamGone(t *testing.T, running goleak.Option, when string) {
 		}
 	}
 }
+
+// TestOneSessionPerLease (issue 17, item 3): two Sessions on one lease
+// share every key name/<lease>, and their Mutexes would not exclude each
+// other: the second locked at once while the first held, and its Unlock
+// deleted the first's key without the first's Done closing. NewSession
+// refuses a lease that a Session of this process still uses, through any
+// client of the cluster; once that Session has ended, the lease may be
+// adopted.
+func TestOneSessionPerLease(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	s1 := newSession(t, cli)
+	m1 := etcdlock.NewMutex(s1, lockName(t))
+	require.NoError(t, m1.Lock(t.Context()))
+
+	for _, c := range []*clientv3.Client{cli, newClient(t)} {
+		s2, err := etcdlock.NewSession(c, etcdlock.WithLease(s1.Lease()))
+		require.ErrorIs(t, err, etcdlock.ErrInvalidOption)
+		require.Nil(t, s2)
+	}
+	require.NoError(t, m1.Err())
+	require.Equal(t, []string{m1.Key()}, keys(t, cli, lockName(t)))
+
+	// Ended, without revoking the lease: it may be adopted, with what is
+	// left under it.
+	require.NoError(t, m1.Unlock(t.Context()))
+	s1.Orphan()
+	s3 := newSession(t, cli, etcdlock.WithLease(s1.Lease()))
+	require.Equal(t, s1.Lease(), s3.Lease())
+	m3 := etcdlock.NewMutex(s3, lockName(t))
+	require.NoError(t, m3.Lock(t.Context()))
+	require.NoError(t, m3.Unlock(t.Context()))
+}
