@@ -78,7 +78,11 @@ type keyWatch struct {
 	from  int64         // the first revision at which a deletion is the key's end; 0: read the key first (a blocker's: watch from now)
 	id    int64         // the watch's ID on the open stream, in state watchActive
 	state watchState
-	look  *watchLook // the last goroutine that looked into the key
+	look  *watchLook  // the last goroutine that looked into the key
+	pause *time.Timer // queues the watch again after etcd refused it, in state watchPaused
+	// refusals counts etcd's refusals of the watch in a row: the pause
+	// before the next attempt doubles with each.
+	refusals uint8
 }
 
 // A blockerWatch watches a key ahead of a waiter, or the lock's whole
@@ -144,6 +148,7 @@ const (
 	watchCreating                   // its create request was sent
 	watchActive                     // created on the open stream, as id
 	watchLooking                    // a goroutine looks into the key (see look)
+	watchPaused                     // etcd refused it: made again after a pause (see refused)
 	watchFinished                   // stopped, its key gone, or the session ended
 )
 
@@ -316,6 +321,9 @@ func (w *lossWatcher) drop(kw *keyWatch) bool {
 	}
 	if kw.h != nil && kw.h.limit != nil && kw.h.limit.timer != nil {
 		kw.h.limit.timer.Stop()
+	}
+	if kw.pause != nil {
+		kw.pause.Stop()
 	}
 	kw.state = watchFinished
 	delete(w.watches, kw)
@@ -610,26 +618,18 @@ func (w *lossWatcher) receive(resp *pb.WatchResponse) bool {
 		w.creating[0] = nil
 		w.creating = w.creating[1:]
 		switch {
-		case resp.Canceled && kw.b != nil:
-			// Refused: the waiter tries again after a pause.
+		case resp.Canceled:
 			if kw.state == watchCreating {
-				w.gone(kw)
+				w.refused(kw)
 			}
 			return true
-		case resp.Canceled:
-			// Refused: try again on another stream, after a pause.
-			if kw.state == watchCreating {
-				kw.state = watchQueued
-				w.queue = append(w.queue, kw)
-			}
-			return false
 		case kw.state != watchCreating:
 			// Stopped meanwhile.
 			w.cancels = append(w.cancels, resp.WatchId)
 			w.signal()
 			return true
 		}
-		kw.state, kw.id = watchActive, resp.WatchId
+		kw.state, kw.id, kw.refusals = watchActive, resp.WatchId, 0
 		w.ids[kw.id] = kw
 		if kw.b != nil {
 			kw.b.created = resp.Header.Revision
@@ -668,6 +668,32 @@ func (w *lossWatcher) receive(resp *pb.WatchResponse) bool {
 		w.gone(kw)
 	}
 	return true
+}
+
+// refused handles etcd's refusal to make kw's watch (a permission denied,
+// say: the create request is answered as created and cancelled), with
+// w.mu held. One rule for every watch: the stream is fine, and so are the
+// other watches on it, so it stays; the refused watch is made again after
+// a pause, which doubles with each refusal in a row (25ms to 1s), for as
+// long as it is wanted. A blocker's watch is made again by its waiter,
+// which is told as when a watch breaks, and reads the queue before it
+// watches anew; the others are queued again once the pause is over.
+func (w *lossWatcher) refused(kw *keyWatch) {
+	if kw.b != nil {
+		kw.state = watchQueued // not active: nothing to cancel
+		w.gone(kw)
+		return
+	}
+	kw.state = watchPaused
+	pause := min(minStreamBackoff<<min(kw.refusals, 8), maxStreamBackoff)
+	kw.refusals++
+	kw.pause = time.AfterFunc(pause, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if kw.state == watchPaused {
+			w.enqueue(kw)
+		}
+	})
 }
 
 // idleStreamTimeout is how long a session keeps its watch stream open

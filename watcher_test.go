@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -40,4 +42,96 @@ func TestWaitWithoutConnection(t *testing.T) {
 	require.NoError(t, holder.RUnlock(t.Context()))
 	require.NoError(t, mw.result(t, 5*time.Second))
 	require.NoError(t, m.Unlock(t.Context()))
+}
+
+// refuseWatch arms in to have etcd refuse the next create request of a
+// watch on key: its range is made empty on the way, and etcd answers
+// "created, cancelled", as it does for a permission denied. The channel is
+// closed once the request went.
+func refuseWatch(in *etcdtest.Injector, key string) <-chan struct{} {
+	return in.At(func(r etcdtest.RPC) bool {
+		req, ok := r.Req.(*pb.WatchRequest)
+		return ok && req.GetCreateRequest() != nil && string(req.GetCreateRequest().Key) == key
+	}, etcdtest.Action{Before: func(r etcdtest.RPC) {
+		cr := r.Req.(*pb.WatchRequest).GetCreateRequest()
+		cr.RangeEnd = append([]byte(nil), cr.Key...)
+	}})
+}
+
+// TestRefusedWatch (issue 17, item 9): etcd refuses to make a watch. One
+// rule for every watch of the session's stream: the stream stays, and so
+// do the other watches on it, and the refused watch is made again after a
+// pause (a blocker's by its waiter, which reads the queue first). Before,
+// a refused blocker watch kept the stream but a refused hold or own-key
+// watch made the session give its stream up, breaking every other watch
+// on it. In each case a waiter of the same session on another lock has
+// its blocker watched on the stream throughout, and must not be woken.
+func TestRefusedWatch(t *testing.T) {
+	t.Parallel()
+	for _, which := range []string{"Hold", "Own", "Blocker"} {
+		t.Run(which, func(t *testing.T) {
+			t.Parallel()
+			name := lockName(t)
+			other := newClient(t)
+			var in etcdtest.Injector
+			s := newSession(t, cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()}))
+
+			// The bystander: a waiter of the session on another lock.
+			byHolder := etcdlock.NewMutex(newSession(t, other), name+"-by")
+			require.NoError(t, byHolder.Lock(t.Context()))
+			by := startWaiter(t.Context(), etcdlock.NewMutex(s, name+"-by"))
+			by.waitIdle(t)
+
+			holder := etcdlock.NewMutex(newSession(t, other), name)
+			m := etcdlock.NewMutex(s, name)
+			switch which {
+			case "Hold":
+				require.NoError(t, holder.Lock(t.Context()))
+				require.NoError(t, holder.Unlock(t.Context()))
+				require.NoError(t, m.Lock(t.Context()))
+				refused := refuseWatch(&in, m.Key())
+				done := m.Done()
+				<-refused
+				// The watch is made again: the loss is seen.
+				_, err := other.Delete(t.Context(), m.Key())
+				require.NoError(t, err)
+				select {
+				case <-done:
+				case <-time.After(10 * time.Second):
+					t.Fatal("Done still open 10s after the key was deleted: the refused watch was not made again")
+				}
+				require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+			case "Own":
+				require.NoError(t, holder.Lock(t.Context()))
+				refused := refuseWatch(&in, m.Key())
+				w := startWaiter(t.Context(), m)
+				w.waitIdle(t)
+				<-refused
+				// The waiter's own key is watched again: its deletion
+				// ends the wait.
+				_, err := other.Delete(t.Context(), m.Key())
+				require.NoError(t, err)
+				require.ErrorIs(t, w.result(t, 10*time.Second), etcdlock.ErrLockLost)
+			case "Blocker":
+				require.NoError(t, holder.Lock(t.Context()))
+				refused := refuseWatch(&in, holder.Key())
+				w := startWaiter(t.Context(), m)
+				<-refused
+				require.Equal(t, holder.Key(), w.waitIdle(t))
+				require.NoError(t, holder.Unlock(t.Context()))
+				require.NoError(t, w.result(t, 10*time.Second))
+				require.NoError(t, m.Unlock(t.Context()))
+			}
+			require.Equal(t, 1, in.Streams(etcdtest.MethodWatch), "the session gave its watch stream up")
+			select {
+			case k := <-by.idle:
+				t.Fatalf("the bystander waiter watched %s again: its watch broke", k)
+			default:
+			}
+			by.assertWaiting(t)
+			require.NoError(t, byHolder.Unlock(t.Context()))
+			require.NoError(t, by.result(t, 10*time.Second))
+			require.NoError(t, by.m.Unlock(t.Context()))
+		})
+	}
 }

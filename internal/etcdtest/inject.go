@@ -21,10 +21,11 @@ import (
 // client under test, its RPCs are seen (and numbered) like any other.
 // An Injector is safe for concurrent use.
 type Injector struct {
-	mu    sync.Mutex
-	n     int64 // RPCs seen
-	armed []*armed
-	trace func(RPC) // called with every RPC, when set (Trace)
+	mu      sync.Mutex
+	n       int64 // RPCs seen
+	armed   []*armed
+	trace   func(RPC)      // called with every RPC, when set (Trace)
+	streams map[string]int // streams opened, by method
 }
 
 // An RPC is one request of the client: a unary call, or one message sent
@@ -89,6 +90,13 @@ func (in *Injector) Count() int64 {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	return in.n
+}
+
+// Streams returns how many streams of method the client has opened.
+func (in *Injector) Streams(method string) int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.streams[method]
 }
 
 // Nth returns a matcher that accepts the k-th RPC (1 for the first) that
@@ -163,6 +171,12 @@ func (in *Injector) DialOptions() []grpc.DialOption {
 			if err != nil {
 				return cs, err
 			}
+			in.mu.Lock()
+			if in.streams == nil {
+				in.streams = make(map[string]int)
+			}
+			in.streams[method]++
+			in.mu.Unlock()
 			return &injectedStream{ClientStream: cs, in: in, method: method}, nil
 		}),
 	}
