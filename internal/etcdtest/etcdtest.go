@@ -265,6 +265,44 @@ func (c *Cluster) Leader() int {
 	return -1
 }
 
+// MoveLeader makes member i etcd's leader, as an operator's
+// `etcdctl move-leader` does: the leader hands its leadership over, and
+// requests in flight meanwhile may fail with "leader changed" or
+// "proposal dropped". It returns once member i leads, or the error.
+func (c *Cluster) MoveLeader(ctx context.Context, i int) error {
+	eps := c.runningEndpoints()
+	if len(eps) == 0 {
+		return errors.New("etcdtest: no member running")
+	}
+	cli, err := c.NewClient(clientv3.Config{Endpoints: eps})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	to, err := cli.Status(ctx, c.Endpoint(i))
+	if err != nil {
+		return err
+	}
+	for _, ep := range eps {
+		st, err := cli.Status(ctx, ep)
+		if err != nil || st.Leader != st.Header.MemberId {
+			continue
+		}
+		if st.Leader == to.Header.MemberId {
+			return nil // i leads already
+		}
+		// The request must reach the leader itself.
+		lcli, err := c.NewClient(clientv3.Config{Endpoints: []string{ep}})
+		if err != nil {
+			return err
+		}
+		defer lcli.Close()
+		_, err = lcli.MoveLeader(ctx, to.Header.MemberId)
+		return err
+	}
+	return errors.New("etcdtest: no leader to move")
+}
+
 func (c *Cluster) runningEndpoints() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -1,0 +1,1035 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The schedule explorer: a few actors, each with a client and session of
+// its own, run random operations of one primitive on one lock, and at a
+// random RPC of a random actor the explorer injects a fault: another
+// actor's operation, a foreign key under the name (direct or nested,
+// alone or several in one Txn), the deletion of a queue key, a revoked
+// lease, a compaction, a lost answer or a failed request, and on three
+// members a leader moved or stopped. After every step it checks what the
+// actors believe against etcd itself, at one revision:
+//
+//   - every hold an actor believes it has (its acquisition returned nil,
+//     it has not released it, its Done is open) whose key still exists is
+//     one that etcd's queue admits (Holders), in one Txn with all their
+//     IsOwner comparisons: no two exclusive holders, no reader with a
+//     writer, no permits above the capacity, no two believers of one key;
+//   - a hold whose key is gone has its Done closed within 10s;
+//   - a failed acquisition leaves no key of the actor's session;
+//   - every Leader that Observe yields was the election's state at its
+//     revision, in increasing revisions;
+//   - at the end, once every actor has released what it believed it held,
+//     ignoring release errors as a careless caller would, no key of a live
+//     session is left: nothing stays held for good.
+//
+// A schedule is drawn from its seed: the same seed makes the same
+// choices (how etcd and the Go scheduler interleave them still varies).
+// A failure prints the seed and the schedule; run it again with
+//
+//	go test -run 'TestExplore/Mutex$' -explore.seed=SEED -v .
+//
+// The short mode runs a fixed set of seeds per primitive; -explore.for
+// runs seed after seed for as long as asked (before a release: an hour,
+// with -explore.members=3 too).
+var (
+	exploreSeeds   = flag.Int("explore.seeds", 0, "schedules per primitive (0: the short mode's count)")
+	exploreSeed    = flag.Uint64("explore.seed", 0, "explore this seed only")
+	exploreFor     = flag.Duration("explore.for", 0, "long mode: explore each primitive for this long")
+	exploreSteps   = flag.Int("explore.steps", 24, "steps per schedule")
+	exploreMembers = flag.Int("explore.members", 0, "long mode: cluster size (1 or 3; 0: both in short mode, 1 in long)")
+	exploreVerbose = flag.Bool("explore.log", false, "log every schedule, not only failing ones")
+)
+
+// prim is what every primitive has.
+type prim interface {
+	etcdlock.Hooked
+	Key() string
+	Token() int64
+	Done() <-chan struct{}
+	Err() error
+	IsOwner() clientv3.Cmp
+}
+
+// An exploreOp is one operation an actor can run. arg is drawn for it: a
+// weight, a value, a timeout.
+type exploreOp struct {
+	name    string
+	acquire bool // takes a hold: nil makes the actor a believer
+	release bool // gives the hold up: the actor stops believing as it calls
+	run     func(ctx context.Context, a *actor, arg int) error
+}
+
+// An exploreKind is a primitive as the explorer drives it.
+type exploreKind struct {
+	name string
+	mk   func(s *etcdlock.Session, name string) prim
+	ops  []exploreOp
+	// quick is what another actor runs inside an injection: a Try form,
+	// or a release.
+	quick []string
+}
+
+const semCapacity = 3
+
+var exploreKinds = []*exploreKind{
+	{
+		name: "Mutex",
+		mk:   func(s *etcdlock.Session, name string) prim { return etcdlock.NewMutex(s, name) },
+		ops: []exploreOp{
+			{"Lock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).Lock(ctx) }},
+			{"TryLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).TryLock(ctx) }},
+			{"Unlock", false, true, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).Unlock(ctx) }},
+			{"Do", false, false, func(ctx context.Context, a *actor, _ int) error {
+				return a.p.(*etcdlock.Mutex).Do(ctx, a.doFn)
+			}},
+		},
+		quick: []string{"TryLock", "TryLock", "Unlock"},
+	},
+	{
+		name: "RWMutex",
+		mk:   func(s *etcdlock.Session, name string) prim { return etcdlock.NewRWMutex(s, name) },
+		ops: []exploreOp{
+			{"Lock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.RWMutex).Lock(ctx) }},
+			{"TryLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.RWMutex).TryLock(ctx) }},
+			{"RLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.RWMutex).RLock(ctx) }},
+			{"TryRLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.RWMutex).TryRLock(ctx) }},
+			{"Unlock", false, true, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.RWMutex).Unlock(ctx) }},
+			{"RUnlock", false, true, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.RWMutex).RUnlock(ctx) }},
+			{"Downgrade", false, false, func(ctx context.Context, a *actor, _ int) error {
+				return a.p.(*etcdlock.RWMutex).Downgrade(ctx)
+			}},
+		},
+		quick: []string{"TryLock", "TryRLock", "Unlock", "RUnlock"},
+	},
+	{
+		name: "Semaphore",
+		mk:   func(s *etcdlock.Session, name string) prim { return etcdlock.NewSemaphore(s, name, semCapacity) },
+		ops: []exploreOp{
+			{"Acquire", true, false, func(ctx context.Context, a *actor, n int) error {
+				return a.p.(*etcdlock.Semaphore).Acquire(ctx, int64(1+n%semCapacity))
+			}},
+			{"TryAcquire", true, false, func(ctx context.Context, a *actor, n int) error {
+				return a.p.(*etcdlock.Semaphore).TryAcquire(ctx, int64(1+n%semCapacity))
+			}},
+			{"Release", false, true, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Semaphore).Release(ctx) }},
+		},
+		quick: []string{"TryAcquire", "TryAcquire", "Release"},
+	},
+	{
+		name: "Election",
+		mk:   func(s *etcdlock.Session, name string) prim { return etcdlock.NewElection(s, name) },
+		ops: []exploreOp{
+			{"Campaign", true, false, func(ctx context.Context, a *actor, n int) error {
+				return a.p.(*etcdlock.Election).Campaign(ctx, fmt.Sprintf("a%d-v%d", a.id, n%5))
+			}},
+			{"Resign", false, true, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Election).Resign(ctx) }},
+			{"Proclaim", false, false, func(ctx context.Context, a *actor, n int) error {
+				return a.p.(*etcdlock.Election).Proclaim(ctx, fmt.Sprintf("a%d-p%d", a.id, n%5))
+			}},
+		},
+		quick: []string{"Campaign", "Resign", "Proclaim"},
+	},
+}
+
+// TestExplore runs the schedule explorer on each primitive, on the shared
+// one-member etcd and on a three-member one of its own.
+func TestExplore(t *testing.T) {
+	long := *exploreFor > 0
+	for _, k := range exploreKinds {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			if *exploreMembers != 3 {
+				explore(t, cluster, k, 12)
+			}
+		})
+	}
+	if long && *exploreMembers != 3 || *exploreMembers == 1 || testing.Short() {
+		return
+	}
+	t.Run("ThreeMembers", func(t *testing.T) {
+		t.Parallel()
+		c := etcdtest.Start(t, 3)
+		for _, k := range exploreKinds {
+			t.Run(k.name, func(t *testing.T) { explore(t, c, k, 3) })
+		}
+	})
+}
+
+// explore runs schedules of k on c: the seed given, seeds for as long as
+// asked, or short seeds.
+func explore(t *testing.T, c *etcdtest.Cluster, k *exploreKind, short int) {
+	switch {
+	case *exploreSeed != 0:
+		runSchedule(t, c, k, *exploreSeed)
+	case *exploreFor > 0:
+		start, n := time.Now(), 0
+		for seed := seedBase(k, c) + 1; time.Since(start) < *exploreFor && !t.Failed(); seed++ {
+			runSchedule(t, c, k, seed)
+			n++
+		}
+		t.Logf("%d schedules in %v", n, time.Since(start).Round(time.Second))
+	default:
+		n := short
+		if *exploreSeeds > 0 {
+			n = *exploreSeeds
+		}
+		for i := range n {
+			if t.Failed() {
+				return
+			}
+			runSchedule(t, c, k, seedBase(k, c)+uint64(i)+1)
+		}
+	}
+}
+
+// seedBase makes the seeds of each primitive and cluster size their own.
+func seedBase(k *exploreKind, c *etcdtest.Cluster) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d", k.name, c.Size())
+	return h.Sum64() % 1e9 * 1000
+}
+
+// A schedule is one run of the explorer: its seed's choices, its actors,
+// and what it has found.
+type schedule struct {
+	t      *testing.T
+	c      *etcdtest.Cluster
+	k      *exploreKind
+	seed   uint64
+	rng    *rand.Rand
+	name   string
+	admin  *clientv3.Client // the explorer's own: checks, foreign keys, compactions
+	actors []*actor
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	log     []string
+	bad     []string
+	foreign []string                  // foreign keys under name, in order
+	fLease  clientv3.LeaseID          // their lease
+	nested  int                       // nested keys put so far
+	lost    map[*belief]time.Time     // holds whose key the checker found gone
+	leaders []etcdlock.Leader         // what Observe yielded
+	obsDone chan struct{}             // closed when the observer returned
+	adopted map[clientv3.LeaseID]bool // leases an actor adopted (a violation of its own)
+}
+
+// An actor is one client and session and its lock.
+type actor struct {
+	id  int
+	x   *schedule
+	in  *etcdtest.Injector
+	cli *clientv3.Client
+
+	mu       sync.Mutex
+	s        *etcdlock.Session
+	sessions []*etcdlock.Session
+	p        prim
+	held     *belief // guarded by mu
+	op       *inflight
+	turn     chan struct{} // Do's fn returns when it is closed
+}
+
+// A belief is a hold an actor believes it has.
+type belief struct {
+	key   string
+	token int64
+	done  <-chan struct{}
+	by    string // the operation that took it
+}
+
+// inflight is an operation an actor runs.
+type inflight struct {
+	name   string
+	op     exploreOp
+	cancel context.CancelFunc
+	done   chan error
+	rev    int64 // etcd's revision when it began
+}
+
+func (x *schedule) logf(format string, args ...any) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.log = append(x.log, fmt.Sprintf(format, args...))
+}
+
+// violation records a broken invariant.
+func (x *schedule) violation(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.bad = append(x.bad, msg)
+	x.log = append(x.log, "VIOLATION: "+msg)
+}
+
+// runSchedule runs the schedule of seed.
+func runSchedule(t *testing.T, c *etcdtest.Cluster, k *exploreKind, seed uint64) {
+	x := &schedule{
+		t: t, c: c, k: k, seed: seed,
+		rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		name:    fmt.Sprintf("explore/%s/m%d/%d", k.name, c.Size(), seed),
+		lost:    make(map[*belief]time.Time),
+		adopted: make(map[clientv3.LeaseID]bool),
+	}
+	x.ctx, x.cancel = context.WithCancel(context.Background())
+	defer x.cancel()
+	var err error
+	if x.admin, err = c.NewClient(clientv3.Config{}); err != nil {
+		t.Fatalf("explorer client: %v", err)
+	}
+	defer x.admin.Close()
+	g, err := x.admin.Grant(x.ctx, 60)
+	if err != nil {
+		t.Fatalf("foreign lease: %v", err)
+	}
+	x.fLease = g.ID
+
+	n := 3
+	for i := range n {
+		a := &actor{id: i, x: x, in: &etcdtest.Injector{}}
+		if a.cli, err = c.NewClient(clientv3.Config{DialOptions: a.in.DialOptions()}); err != nil {
+			t.Fatalf("actor client: %v", err)
+		}
+		a.newSession()
+		x.actors = append(x.actors, a)
+	}
+	if k.name == "Election" {
+		x.observe()
+	}
+
+	steps := *exploreSteps
+	for step := range steps {
+		x.step(step)
+		x.check(fmt.Sprintf("after step %d", step))
+		x.mu.Lock()
+		failed := len(x.bad) > 0
+		x.mu.Unlock()
+		if failed {
+			break
+		}
+	}
+	x.teardown()
+
+	x.mu.Lock()
+	bad, log := x.bad, x.log
+	x.mu.Unlock()
+	if len(bad) > 0 || *exploreVerbose {
+		report := fmt.Sprintf("schedule %s (seed %d, %d members):\n  %s", k.name, seed, c.Size(), strings.Join(log, "\n  "))
+		if len(bad) > 0 {
+			t.Errorf("%s\nreplay: go test -run 'TestExplore/%s$' -explore.seed=%d -v .", report, exploreRunName(k, c), seed)
+		} else {
+			t.Log(report)
+		}
+	}
+}
+
+func exploreRunName(k *exploreKind, c *etcdtest.Cluster) string {
+	if c.Size() == 3 {
+		return "ThreeMembers/" + k.name
+	}
+	return k.name
+}
+
+// newSession gives a a new session and a new lock on it (after its
+// session ended, or at the start).
+func (a *actor) newSession() {
+	s, err := etcdlock.NewSession(a.cli, etcdlock.WithTTL(5*time.Second))
+	if err != nil {
+		a.x.violation("a%d: NewSession: %v", a.id, err)
+		return
+	}
+	a.mu.Lock()
+	a.s, a.sessions = s, append(a.sessions, s)
+	a.p = a.x.k.mk(s, a.x.name)
+	a.mu.Unlock()
+}
+
+// The draws of one step: made in full whatever happens, so that a seed
+// makes the same choices on every run.
+type draws struct {
+	actor, op, arg, ctxKind, timeout int
+	busy                             int // what to do if the actor is busy: cancel its operation, or let it be
+	inject                           bool
+	target, k, kind, pick, pick2     int
+}
+
+func (x *schedule) draw() draws {
+	r := x.rng
+	return draws{
+		actor: r.IntN(len(x.actors)), op: r.IntN(100), arg: r.IntN(1000),
+		ctxKind: r.IntN(4), timeout: 20 + r.IntN(400), busy: r.IntN(3),
+		inject: r.IntN(10) < 7, target: r.IntN(len(x.actors)), k: 1 + r.IntN(3),
+		kind: r.IntN(100), pick: r.IntN(1000), pick2: r.IntN(1000),
+	}
+}
+
+// step runs one step: an operation of one actor, with a fault injected
+// at a chosen RPC of one actor.
+func (x *schedule) step(step int) {
+	d := x.draw()
+	a := x.actors[d.actor]
+	if d.inject {
+		target := x.actors[d.target]
+		if d.target != d.actor && d.pick%3 != 0 {
+			target = a // mostly the actor that runs the operation
+		}
+		x.arm(step, target, d)
+	}
+	a.mu.Lock()
+	busy := a.op
+	a.mu.Unlock()
+	switch {
+	case busy != nil && busy.name == "Do":
+		x.logf("step %d: a%d: Do's fn returns", step, a.id)
+		a.endTurn()
+	case busy != nil && d.busy == 0:
+		x.logf("step %d: a%d: cancel %s", step, a.id, busy.name)
+		busy.cancel()
+	case busy != nil:
+		x.logf("step %d: a%d: %s goes on", step, a.id, busy.name)
+	case d.op < 4:
+		x.adopt(step, a, d)
+	default:
+		op := x.k.ops[d.op%len(x.k.ops)]
+		x.start(step, a, op, d)
+	}
+	x.settle()
+	for _, b := range x.actors {
+		b.in.Disarm()
+	}
+	x.collect()
+}
+
+// adopt has a try to make a session on another actor's live lease: it
+// must be refused.
+func (x *schedule) adopt(step int, a *actor, d draws) {
+	b := x.actors[d.pick%len(x.actors)]
+	b.mu.Lock()
+	bs := b.s
+	b.mu.Unlock()
+	if bs == nil || bs.Err() != nil || b == a {
+		x.logf("step %d: a%d: (no live lease to adopt)", step, a.id)
+		return
+	}
+	s, err := etcdlock.NewSession(a.cli, etcdlock.WithLease(bs.Lease()))
+	x.logf("step %d: a%d: NewSession(WithLease(a%d's %x)): %v", step, a.id, b.id, int64(bs.Lease()), err)
+	if err == nil {
+		x.violation("a%d made a second live session on a%d's lease %x", a.id, b.id, int64(bs.Lease()))
+		a.mu.Lock()
+		a.s, a.sessions = s, append(a.sessions, s)
+		a.p = x.k.mk(s, x.name)
+		a.mu.Unlock()
+		return
+	}
+	if !errors.Is(err, etcdlock.ErrInvalidOption) {
+		x.violation("a%d: NewSession on a live lease: %v, want ErrInvalidOption", a.id, err)
+	}
+}
+
+// start starts op on a, in a goroutine.
+func (x *schedule) start(step int, a *actor, op exploreOp, d draws) {
+	a.mu.Lock()
+	if a.s == nil || a.s.Err() != nil {
+		a.mu.Unlock()
+		a.newSession()
+		a.mu.Lock()
+	}
+	ctx, cancel := context.WithCancel(x.ctx)
+	desc := "no deadline"
+	switch d.ctxKind {
+	case 0:
+		ctx, cancel = context.WithTimeout(x.ctx, time.Duration(d.timeout)*time.Millisecond)
+		desc = fmt.Sprintf("%dms", d.timeout)
+	case 1:
+		ctx, cancel = context.WithTimeout(x.ctx, time.Duration(d.timeout/10)*time.Millisecond)
+		desc = fmt.Sprintf("%dms", d.timeout/10)
+	}
+	f := &inflight{name: op.name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision()}
+	a.op = f
+	if op.name == "Do" {
+		a.turn = make(chan struct{})
+	}
+	if op.release {
+		a.held = nil // a careless caller: whatever Unlock returns, it is done
+	}
+	a.mu.Unlock()
+	x.logf("step %d: a%d: %s(arg %d, ctx %s)", step, a.id, op.name, d.arg, desc)
+	go func() { f.done <- op.run(ctx, a, d.arg) }()
+}
+
+// doFn is Do's fn: it holds until the actor's next turn.
+func (a *actor) doFn(ctx context.Context) error {
+	a.mu.Lock()
+	a.held = &belief{key: a.p.Key(), token: a.p.Token(), done: a.p.Done(), by: "Do"}
+	turn := a.turn
+	a.mu.Unlock()
+	select {
+	case <-turn:
+	case <-ctx.Done():
+	}
+	a.mu.Lock()
+	a.held = nil
+	a.mu.Unlock()
+	return nil
+}
+
+// endTurn makes a's Do's fn return.
+func (a *actor) endTurn() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.turn != nil {
+		close(a.turn)
+		a.turn = nil
+	}
+}
+
+// settle waits until no actor has made an RPC for a moment: the step's
+// operations have returned, or wait for their turn.
+func (x *schedule) settle() {
+	count := func() (n int64) {
+		for _, a := range x.actors {
+			n += a.in.Count()
+		}
+		return n
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	last := count()
+	quiet := 0
+	for time.Now().Before(deadline) && quiet < 3 {
+		time.Sleep(10 * time.Millisecond)
+		if n := count(); n != last {
+			last, quiet = n, 0
+			continue
+		}
+		quiet++
+	}
+}
+
+// collect takes the results of the operations that returned.
+func (x *schedule) collect() {
+	for _, a := range x.actors {
+		a.mu.Lock()
+		f := a.op
+		a.mu.Unlock()
+		if f == nil {
+			continue
+		}
+		select {
+		case err := <-f.done:
+			x.finish(a, f, err)
+		default:
+		}
+	}
+}
+
+// finish records the result err of a's operation f.
+func (x *schedule) finish(a *actor, f *inflight, err error) {
+	f.cancel()
+	a.mu.Lock()
+	a.op = nil
+	s := a.s
+	if f.op.acquire && err == nil {
+		a.held = &belief{key: a.p.Key(), token: a.p.Token(), done: a.p.Done(), by: f.name}
+	}
+	a.mu.Unlock()
+	x.logf("  a%d: %s returned %v", a.id, f.name, err)
+	if f.op.acquire && err != nil && s.Err() == nil && !strings.Contains(err.Error(), "session") {
+		x.noKeyLeft(a, f)
+	}
+}
+
+// noKeyLeft checks that a failed acquisition left no key: none of a's
+// session created since the operation began.
+func (x *schedule) noKeyLeft(a *actor, f *inflight) {
+	resp, err := x.admin.Get(x.ctx, a.p.Key())
+	if err != nil {
+		x.logf("  (could not look for a%d's key: %v)", a.id, err)
+		return
+	}
+	if len(resp.Kvs) > 0 && resp.Kvs[0].CreateRevision > f.rev {
+		x.violation("a%d's failed %s left its key %s (created at %d, after %d)", a.id, f.name, a.p.Key(), resp.Kvs[0].CreateRevision, f.rev)
+	}
+}
+
+// revision returns etcd's current revision.
+func (x *schedule) revision() int64 {
+	resp, err := x.admin.Get(x.ctx, "explore-probe")
+	if err != nil {
+		return 0
+	}
+	return resp.Header.Revision
+}
+
+// check checks the actors' beliefs against etcd at one revision.
+func (x *schedule) check(where string) {
+	type believer struct {
+		a *actor
+		b *belief
+	}
+	var bs []believer
+	var cmps []clientv3.Cmp
+	for _, a := range x.actors {
+		a.mu.Lock()
+		b := a.held
+		a.mu.Unlock()
+		if b == nil {
+			continue
+		}
+		select {
+		case <-b.done:
+			continue // told it lost the hold
+		default:
+		}
+		bs = append(bs, believer{a, b})
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(b.key), "=", b.token))
+	}
+	get := clientv3.OpGet(x.name+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	resp, err := x.admin.Txn(x.ctx).If(cmps...).Then(get).Else(get).Commit()
+	if err != nil {
+		x.logf("  (check %s failed: %v)", where, err)
+		return
+	}
+	var modes []etcdlock.KeyMode
+	var children []string
+	tokens := map[string]int64{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		if name, ok := etcdlock.LockOfKey(string(kv.Key)); ok && name == x.name {
+			children = append(children, string(kv.Key))
+			modes = append(modes, etcdlock.ParseKeyMode(kv.Value))
+			tokens[string(kv.Key)] = kv.CreateRevision
+		}
+	}
+	holders := children[:etcdlock.Holders(modes)]
+	rev := resp.Header.Revision
+	seen := map[string]int{}
+	for _, b := range bs {
+		present := tokens[b.b.key] == b.b.token
+		switch {
+		case present && !slices.Contains(holders, b.b.key):
+			x.violation("%s (rev %d): a%d believes it holds %s (token %d, by %s), but etcd's queue %v admits only %v",
+				where, rev, b.a.id, b.b.key, b.b.token, b.b.by, describe(children, modes), holders)
+		case !present:
+			x.mu.Lock()
+			if _, ok := x.lost[b.b]; !ok {
+				x.lost[b.b] = time.Now()
+				x.log = append(x.log, fmt.Sprintf("  a%d's hold %s (token %d) is gone at rev %d", b.a.id, b.b.key, b.b.token, rev))
+			}
+			x.mu.Unlock()
+		}
+		if present {
+			if other, dup := seen[b.b.key]; dup {
+				x.violation("%s (rev %d): a%d and a%d both believe they hold %s", where, rev, other, b.a.id, b.b.key)
+			}
+			seen[b.b.key] = b.a.id
+		}
+	}
+	if resp.Succeeded && len(bs) > 1 && len(bs) > len(holders) {
+		x.violation("%s (rev %d): every believer's IsOwner holds in one Txn, %d of them, but only %v hold", where, rev, len(bs), holders)
+	}
+	x.checkLost(10 * time.Second)
+}
+
+// describe writes a queue: key and mode, oldest first.
+func describe(keys []string, modes []etcdlock.KeyMode) string {
+	var b strings.Builder
+	for i, k := range keys {
+		fmt.Fprintf(&b, " %s(%s)", k[strings.LastIndexByte(k, '/')+1:], modes[i])
+	}
+	return "[" + strings.TrimSpace(b.String()) + "]"
+}
+
+// checkLost reports a hold whose key went more than bound ago and whose
+// Done is still open.
+func (x *schedule) checkLost(bound time.Duration) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for b, at := range x.lost {
+		select {
+		case <-b.done:
+			delete(x.lost, b)
+			continue
+		default:
+		}
+		if time.Since(at) > bound {
+			x.bad = append(x.bad, fmt.Sprintf("the hold %s (token %d, by %s) is gone since %v, and its Done is still open", b.key, b.token, b.by, time.Since(at).Round(time.Millisecond)))
+			delete(x.lost, b)
+		}
+	}
+}
+
+// An injection kind: what the explorer does at the chosen RPC.
+const (
+	injOther   = iota // another actor's quick operation
+	injForeign        // a foreign exclusive key under the name
+	injNested         // keys of nested locks, several in one Txn
+	injTied           // a foreign key and nested keys in one Txn: one create revision
+	injUnforeign
+	injDelete  // a queue key deleted
+	injRevoke  // an actor's lease revoked
+	injCompact // a compaction
+	injDrop    // the answer lost, once etcd applied the request
+	injFail    // the request failed, not applied
+	injMove    // etcd's leader moved (three members)
+	injStop    // etcd's leader stopped and restarted (three members)
+)
+
+// injKind maps a draw to a kind: weights out of 100.
+func (x *schedule) injKind(draw int) int {
+	table := []struct{ kind, weight int }{
+		{injOther, 22}, {injForeign, 7}, {injNested, 8}, {injTied, 7}, {injUnforeign, 8},
+		{injDelete, 10}, {injRevoke, 4}, {injCompact, 6}, {injDrop, 12}, {injFail, 10}, {injMove, 5}, {injStop, 1},
+	}
+	for _, e := range table {
+		if draw < e.weight {
+			if (e.kind == injMove || e.kind == injStop) && x.c.Size() < 3 {
+				return injDrop
+			}
+			return e.kind
+		}
+		draw -= e.weight
+	}
+	return injOther
+}
+
+var injNames = []string{"another actor's operation", "a foreign key", "nested keys", "a tied group", "a foreign key removed",
+	"a queue key deleted", "a lease revoked", "a compaction", "the answer lost", "the request failed", "the leader moved", "the leader stopped"}
+
+// arm arms a fault at target's k-th RPC (unary calls and watch requests;
+// lease renewals do not count).
+func (x *schedule) arm(step int, target *actor, d draws) {
+	kind := x.injKind(d.kind)
+	x.logf("step %d: inject %s at a%d's RPC %d", step, injNames[kind], target.id, d.k)
+	match := etcdtest.Nth(d.k, func(r etcdtest.RPC) bool { return !r.Stream || r.Method == etcdtest.MethodWatch })
+	act := etcdtest.Action{}
+	switch kind {
+	case injDrop:
+		act.After = func(r etcdtest.RPC, err error) error {
+			if err != nil {
+				return err
+			}
+			x.logf("  at a%d's %s: its answer lost", target.id, short(r.Method))
+			return status.Error(codes.Unavailable, "explore: the answer was lost")
+		}
+	case injFail:
+		errs := []error{rpctypes.ErrGRPCTimeoutDueToLeaderFail, status.Error(codes.Unknown, "raft proposal dropped"), rpctypes.ErrGRPCLeaderChanged, status.Error(codes.Unavailable, "explore: connection refused")}
+		act.Before = func(r etcdtest.RPC) { x.logf("  at a%d's %s: it fails", target.id, short(r.Method)) }
+		act.Fail = errs[d.pick2%len(errs)]
+	default:
+		act.Before = func(r etcdtest.RPC) {
+			x.logf("  at a%d's %s:", target.id, short(r.Method))
+			x.inject(kind, target, d)
+		}
+	}
+	target.in.At(match, act)
+}
+
+func short(method string) string { return method[strings.LastIndexByte(method, '/')+1:] }
+
+// inject does kind, at target's RPC.
+func (x *schedule) inject(kind int, target *actor, d draws) {
+	ctx, cancel := context.WithTimeout(x.ctx, 10*time.Second)
+	defer cancel()
+	switch kind {
+	case injOther:
+		x.quickOp(ctx, target, d)
+	case injForeign:
+		x.mu.Lock()
+		key := fmt.Sprintf("%s/f%d", x.name, len(x.foreign))
+		x.foreign = append(x.foreign, key)
+		x.mu.Unlock()
+		_, err := x.admin.Put(ctx, key, "", clientv3.WithLease(x.fLease))
+		x.logf("    put foreign %s: %v", key, err)
+	case injNested, injTied:
+		n := 1 + d.pick2%12
+		var ops []clientv3.Op
+		x.mu.Lock()
+		for range n {
+			ops = append(ops, clientv3.OpPut(fmt.Sprintf("%s/sub/k%03d", x.name, x.nested), ""))
+			x.nested++
+		}
+		var key string
+		if kind == injTied {
+			// Sorted after the nested keys, so that etcd's order of
+			// equal revisions may put it past a page boundary.
+			key = fmt.Sprintf("%s/z%d", x.name, len(x.foreign))
+			x.foreign = append(x.foreign, key)
+			ops = append(ops, clientv3.OpPut(key, "", clientv3.WithLease(x.fLease)))
+		}
+		x.mu.Unlock()
+		_, err := x.admin.Txn(ctx).Then(ops...).Commit()
+		x.logf("    put %d nested keys %s in one Txn: %v", n, key, err)
+	case injUnforeign:
+		x.mu.Lock()
+		var key string
+		if len(x.foreign) > 0 {
+			i := d.pick2 % len(x.foreign)
+			key = x.foreign[i]
+			x.foreign = append(x.foreign[:i:i], x.foreign[i+1:]...)
+		}
+		x.mu.Unlock()
+		if key != "" {
+			_, err := x.admin.Delete(ctx, key)
+			x.logf("    delete foreign %s: %v", key, err)
+		}
+	case injDelete:
+		resp, err := x.admin.Get(ctx, x.name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+		if err != nil {
+			x.logf("    (read: %v)", err)
+			return
+		}
+		var ks []string
+		for _, kv := range resp.Kvs {
+			if name, ok := etcdlock.LockOfKey(string(kv.Key)); ok && name == x.name {
+				ks = append(ks, string(kv.Key))
+			}
+		}
+		// Mostly the key of the actor that makes the RPC: the one whose
+		// read is in progress.
+		key := target.p.Key()
+		if d.pick2%2 == 0 && len(ks) > 0 {
+			key = ks[d.pick2/2%len(ks)]
+		}
+		_, err = x.admin.Delete(ctx, key)
+		x.logf("    delete %s: %v", key, err)
+	case injRevoke:
+		a := x.actors[d.pick2%len(x.actors)]
+		a.mu.Lock()
+		s := a.s
+		a.mu.Unlock()
+		_, err := x.admin.Revoke(ctx, s.Lease())
+		x.logf("    revoke a%d's lease %x: %v", a.id, int64(s.Lease()), err)
+	case injCompact:
+		rev := x.revision()
+		_, err := x.admin.Compact(ctx, rev)
+		x.logf("    compact at %d: %v", rev, err)
+	case injMove:
+		to := d.pick2 % x.c.Size()
+		err := x.c.MoveLeader(ctx, to)
+		x.logf("    move etcd's leader to m%d: %v", to, err)
+	case injStop:
+		lead := x.c.Leader()
+		if lead < 0 {
+			x.logf("    (no leader to stop)")
+			return
+		}
+		x.c.StopMember(lead)
+		err := x.c.RestartMember(lead)
+		x.logf("    stopped and restarted m%d: %v", lead, err)
+	}
+}
+
+// quickOp runs another actor's quick operation (a Try form, a release),
+// from within target's RPC: an actor with no operation in flight.
+func (x *schedule) quickOp(ctx context.Context, target *actor, d draws) {
+	var b *actor
+	for i := range x.actors {
+		c := x.actors[(d.pick2+i)%len(x.actors)]
+		c.mu.Lock()
+		idle := c != target && c.op == nil && c.s != nil && c.s.Err() == nil
+		c.mu.Unlock()
+		if idle {
+			b = c
+			break
+		}
+	}
+	if b == nil {
+		x.logf("    (no other actor free)")
+		return
+	}
+	name := x.k.quick[d.pick%len(x.k.quick)]
+	var op exploreOp
+	for _, o := range x.k.ops {
+		if o.name == name {
+			op = o
+		}
+	}
+	// A Campaign here must not wait: a short ctx.
+	if name == "Campaign" {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+	}
+	f := &inflight{name: name, op: op, cancel: func() {}, rev: x.revision()}
+	b.mu.Lock()
+	b.op = f
+	if op.release {
+		b.held = nil
+	}
+	b.mu.Unlock()
+	err := op.run(ctx, b, d.pick2)
+	x.logf("    a%d: %s: %v", b.id, name, err)
+	x.finish(b, f, err)
+}
+
+// observe follows the election with ObserveLeader, and checks each Leader
+// it yields against etcd at the Leader's revision.
+func (x *schedule) observe() {
+	x.obsDone = make(chan struct{})
+	go func() {
+		defer close(x.obsDone)
+		var last int64
+		for l, err := range etcdlock.ObserveLeader(x.ctx, x.admin, x.name) {
+			if err != nil {
+				if x.ctx.Err() == nil {
+					x.violation("Observe ended: %v", err)
+				}
+				return
+			}
+			if l.Revision <= last {
+				x.violation("Observe yielded revision %d after %d", l.Revision, last)
+			}
+			last = l.Revision
+			x.mu.Lock()
+			x.leaders = append(x.leaders, l)
+			x.mu.Unlock()
+			x.checkLeader(l)
+		}
+	}()
+}
+
+// checkLeader checks l against etcd's history: at l.Revision, the oldest
+// key of the election is l's, with l's value and lease.
+func (x *schedule) checkLeader(l etcdlock.Leader) {
+	resp, err := x.admin.Get(x.ctx, x.name+"/", clientv3.WithPrefix(), clientv3.WithRev(l.Revision),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		x.logf("  (Observe's %s at %d not checked: %v)", l.Key, l.Revision, err)
+		return
+	}
+	var want etcdlock.Leader
+	for _, kv := range resp.Kvs {
+		if name, ok := etcdlock.LockOfKey(string(kv.Key)); ok && name == x.name {
+			want = etcdlock.Leader{Key: string(kv.Key), Value: kv.Value, Lease: clientv3.LeaseID(kv.Lease), Token: kv.CreateRevision}
+			break
+		}
+	}
+	if want.Key != l.Key || want.Token != l.Token || string(want.Value) != string(l.Value) || want.Lease != l.Lease {
+		x.violation("Observe yielded %s (token %d, %q) at revision %d, where etcd's leader was %s (token %d, %q)",
+			l.Key, l.Token, l.Value, l.Revision, want.Key, want.Token, want.Value)
+	}
+}
+
+// teardown ends the schedule as a careless program would: it cancels what
+// waits, releases what it believes it holds ignoring the errors, and
+// checks that nothing is left held, and that every lost hold was told.
+func (x *schedule) teardown() {
+	for _, a := range x.actors {
+		a.in.Disarm()
+		a.endTurn()
+		a.mu.Lock()
+		f := a.op
+		a.mu.Unlock()
+		if f != nil {
+			f.cancel()
+			select {
+			case err := <-f.done:
+				x.finish(a, f, err)
+			case <-time.After(30 * time.Second):
+				x.violation("a%d's %s did not return within 30s of its ctx's end", a.id, f.name)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(x.ctx, 20*time.Second)
+	defer cancel()
+	for _, a := range x.actors {
+		a.mu.Lock()
+		a.held = nil
+		a.mu.Unlock()
+		// Every release of the primitive: an RWMutex may hold in either
+		// mode (an actor that released in the wrong one holds still).
+		for _, op := range x.k.ops {
+			if !op.release {
+				continue
+			}
+			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+			err := op.run(rctx, a, 0)
+			rcancel()
+			if !errors.Is(err, etcdlock.ErrLockReleased) {
+				x.logf("end: a%d: %s: %v", a.id, op.name, err)
+			}
+		}
+	}
+	x.mu.Lock()
+	foreign := x.foreign
+	x.mu.Unlock()
+	for _, k := range foreign {
+		x.admin.Delete(ctx, k)
+	}
+	x.admin.Revoke(ctx, x.fLease)
+	x.check("at the end")
+
+	// Nothing of a live session stays held for good.
+	leases := map[int64]int{}
+	for _, a := range x.actors {
+		a.mu.Lock()
+		if a.s != nil && a.s.Err() == nil {
+			leases[int64(a.s.Lease())] = a.id
+		}
+		a.mu.Unlock()
+	}
+	var left []string
+	for ctx.Err() == nil {
+		resp, err := x.admin.Get(ctx, x.name+"/", clientv3.WithPrefix())
+		left = left[:0]
+		if err == nil {
+			for _, kv := range resp.Kvs {
+				if id, ok := leases[kv.Lease]; ok {
+					left = append(left, fmt.Sprintf("%s (a%d)", kv.Key, id))
+				}
+			}
+			if len(left) == 0 {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		x.violation("20s after every actor released, keys of live sessions are left: %v", left)
+	}
+	// Every hold whose key went was told.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		x.mu.Lock()
+		n := len(x.lost)
+		x.mu.Unlock()
+		x.checkLost(10 * time.Second)
+		if n == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	x.checkLost(0)
+	x.cancel()
+	if x.obsDone != nil {
+		<-x.obsDone
+	}
+	for _, a := range x.actors {
+		for _, s := range a.sessions {
+			s.Close()
+		}
+		a.cli.Close()
+	}
+	x.admin.Delete(context.Background(), x.name+"/", clientv3.WithPrefix())
+}
