@@ -305,8 +305,8 @@ func TestLeadCutOff(t *testing.T) {
 		select {
 		case err := <-done:
 			require.ErrorIs(t, err, context.Canceled)
-		case <-time.After(time.Second):
-			t.Fatal("Lead did not return within 1s of its ctx's end")
+		case <-time.After(10 * time.Second):
+			t.Fatal("Lead did not return within 10s of its ctx's end")
 		}
 	})
 	t.Run("ctx ends while leading", func(t *testing.T) {

@@ -462,7 +462,7 @@ func TestWaiterNoticesOwnLeaseEnd(t *testing.T) {
 	w.waitIdle(t)
 	_, err := cli.Revoke(t.Context(), s.Lease())
 	require.NoError(t, err)
-	require.ErrorIs(t, w.result(t, 2*time.Second), etcdlock.ErrSessionExpired)
+	require.ErrorIs(t, w.result(t, 10*time.Second), etcdlock.ErrSessionExpired)
 	select {
 	case <-s.Done():
 	default:
@@ -475,7 +475,7 @@ func TestWaiterNoticesOwnLeaseEnd(t *testing.T) {
 	w.waitIdle(t)
 	_, err = cli.Delete(t.Context(), w.m.Key())
 	require.NoError(t, err)
-	require.ErrorIs(t, w.result(t, 2*time.Second), etcdlock.ErrLockLost)
+	require.ErrorIs(t, w.result(t, 10*time.Second), etcdlock.ErrLockLost)
 	require.NoError(t, holder.Unlock(t.Context()))
 }
 

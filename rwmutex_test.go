@@ -257,7 +257,7 @@ func TestRWMutexWaiterLeaseRevoked(t *testing.T) {
 
 			_, err := cli.Revoke(t.Context(), sb.Lease())
 			require.NoError(t, err)
-			require.ErrorIs(t, wb.result(t, time.Second), etcdlock.ErrSessionExpired)
+			require.ErrorIs(t, wb.result(t, 10*time.Second), etcdlock.ErrSessionExpired)
 			require.Zero(t, b.Token())
 			require.Equal(t, []string{a.Key()}, holding(t, cli, name), "a still holds alone")
 			wc.assertWaiting(t)
@@ -271,7 +271,7 @@ func TestRWMutexWaiterLeaseRevoked(t *testing.T) {
 			wd.waitIdle(t)
 			_, err = cli.Delete(t.Context(), d.Key())
 			require.NoError(t, err)
-			require.ErrorIs(t, wd.result(t, time.Second), etcdlock.ErrLockLost)
+			require.ErrorIs(t, wd.result(t, 10*time.Second), etcdlock.ErrLockLost)
 			require.NoError(t, c.Unlock(t.Context()))
 		})
 	}
@@ -560,7 +560,7 @@ func TestRWMutexDowngrade(t *testing.T) {
 	before := rpcs.Total()
 	require.NoError(t, w.Downgrade(t.Context()))
 	require.EqualValues(t, 1, rpcs.Total()-before, "one RPC")
-	require.NoError(t, wr1.result(t, time.Second))
+	require.NoError(t, wr1.result(t, 10*time.Second))
 	ww2.assertWaiting(t)
 	wr3.assertWaiting(t)
 	require.Equal(t, []string{w.Key(), r1.Key()}, holding(t, cli, name))

@@ -405,7 +405,7 @@ func TestSemaphoreWideWindow(t *testing.T) {
 	}
 	wbig.assertWaiting(t) // 81 + 20 > 100
 	require.NoError(t, hs[9].Release(t.Context()))
-	require.NoError(t, wbig.result(t, time.Second))
+	require.NoError(t, wbig.result(t, 10*time.Second))
 	wsmall.assertWaiting(t) // 100 held
 	require.NoError(t, hs[10].Release(t.Context()))
 	require.NoError(t, wsmall.result(t, 10*time.Second))
@@ -492,7 +492,7 @@ func TestSemaphoreLeases(t *testing.T) {
 	w.waitIdle(t)
 	_, err := cli.Revoke(t.Context(), s.Lease())
 	require.NoError(t, err)
-	require.ErrorIs(t, w.result(t, time.Second), etcdlock.ErrSessionExpired)
+	require.ErrorIs(t, w.result(t, 10*time.Second), etcdlock.ErrSessionExpired)
 	require.Equal(t, []string{holder.Key()}, keys(t, cli, name))
 
 	// A waiting ctx that ends leaves no key.
