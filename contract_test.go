@@ -241,21 +241,9 @@ func TestContractCompaction(t *testing.T) {
 // ErrPermissionDenied and leaves no key.
 func TestContractAuth(t *testing.T) {
 	t.Parallel()
-	c := etcdtest.Start(t, 1)
-	root := c.Client(t)
 	ctx := t.Context()
 	name := "authlock"
-	_, err := root.RoleAdd(ctx, "locker")
-	require.NoError(t, err)
-	_, err = root.RoleGrantPermission(ctx, "locker", name+"/", clientv3.GetPrefixRangeEnd(name+"/"), clientv3.PermissionType(clientv3.PermReadWrite))
-	require.NoError(t, err)
-	for _, u := range []string{"alice", "bob"} {
-		_, err = root.UserAdd(ctx, u, u+"-pw")
-		require.NoError(t, err)
-	}
-	_, err = root.UserGrantRole(ctx, "alice", "locker")
-	require.NoError(t, err)
-	require.NoError(t, etcdtest.EnableAuth(ctx, root, "root-pw"))
+	c := authCluster(t, name)
 	alice := c.Client(t, clientv3.Config{Username: "alice", Password: "alice-pw"})
 	bob := c.Client(t, clientv3.Config{Username: "bob", Password: "bob-pw"})
 	rootAuthed := c.Client(t, clientv3.Config{Username: "root", Password: "root-pw"})

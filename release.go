@@ -103,9 +103,6 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		return err
 	}
 	h.state = holdUnlocking
-	if h.done == nil {
-		h.done = make(chan struct{}) // release pauses wait on it
-	}
 	q.mu.Unlock()
 	return q.release(ctx, h, op)
 }
@@ -145,7 +142,13 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 			q.mu.Unlock()
 			return q.ended(ctx, h, nil, nil) // the loss watch saw the key go
 		}
-		pauseOr(ctx, &backoff, h.done)
+		q.mu.Lock()
+		if h.done == nil {
+			h.done = make(chan struct{}) // the pause ends when the hold does
+		}
+		done := h.done
+		q.mu.Unlock()
+		pauseOr(ctx, &backoff, done)
 	}
 }
 
@@ -238,6 +241,9 @@ func (q *queue) background(ctx context.Context, h *hold, err error) error {
 		return q.ended(ctx, h, nil, nil)
 	}
 	h.state, h.owed = holdReleasing, true
+	if h.done == nil {
+		h.done = make(chan struct{}) // a retried Unlock waits on it
+	}
 	if q.h == h {
 		q.h, q.last = nil, h
 	}

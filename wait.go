@@ -446,14 +446,8 @@ func isChild(pfx string, key []byte) bool {
 func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, rev int64) (blockers []entry, freeing []string, own *mvccpb.KeyValue, err error) {
 	admit := me.mode.rule()
 	var ahead []entry
-	p := pager{cli: q.s.cli, pfx: q.pfx, rev: rev, desc: true, page: func() []clientv3.OpOption {
-		return queueOpts(me.mode, clientv3.SortDescend, 0, 0, true)
-	}}
-	if me.mode.Exclusive() {
-		p.tie = []clientv3.OpOption{clientv3.WithKeysOnly()}
-	}
-	kvs := r.Kvs
-	p.add(kvs, r.More)
+	var p *pager // made when a second page is needed
+	kvs, more := r.Kvs, r.More
 	for {
 		for _, kv := range kvs {
 			switch {
@@ -467,20 +461,37 @@ func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, rev int
 			}
 		}
 		if b := admit(me, ahead); len(b) > 0 {
-			if !p.more && len(b) <= maxWatched {
+			if !more && len(b) <= maxWatched {
 				freeing = freeingOf(me, ahead, b)
 			}
 			return b, freeing, own, nil
 		}
-		if !p.more {
+		if !more {
 			return nil, nil, own, nil
 		}
 		// The pages so far held only newer keys, nested locks' keys, or
 		// keys that do not keep me out: read on.
+		if p == nil {
+			p = q.pager(me.mode, rev, r)
+		}
 		if kvs, err = p.next(ctx); err != nil {
 			return nil, nil, nil, q.rpcErr(err)
 		}
+		more = p.more
 	}
+}
+
+// pager returns the pager of a queue read in mode at revision rev, whose
+// first page was r.
+func (q *queue) pager(mode KeyMode, rev int64, r *pb.RangeResponse) *pager {
+	p := &pager{cli: q.s.cli, pfx: q.pfx, rev: rev, desc: true, page: func() []clientv3.OpOption {
+		return queueOpts(mode, clientv3.SortDescend, 0, 0, true)
+	}}
+	if mode.Exclusive() {
+		p.tie = []clientv3.OpOption{clientv3.WithKeysOnly()}
+	}
+	p.add(r.Kvs, r.More)
+	return p
 }
 
 // tryAcquire takes a hold in mode only if it is admitted at once, and
