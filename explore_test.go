@@ -171,7 +171,10 @@ func TestExplore(t *testing.T) {
 		t.Parallel()
 		c := etcdtest.Start(t, 3)
 		for _, k := range exploreKinds {
-			t.Run(k.name, func(t *testing.T) { explore(t, c, k, 3) })
+			t.Run(k.name, func(t *testing.T) {
+				t.Parallel()
+				explore(t, c, k, 3)
+			})
 		}
 	})
 }
@@ -836,6 +839,9 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 		err := x.c.MoveLeader(ctx, to)
 		x.logf("    move etcd's leader to m%d: %v", to, err)
 	case injStop:
+		// One stop at a time on a cluster: schedules run side by side.
+		memberStops.Lock()
+		defer memberStops.Unlock()
 		lead := x.c.Leader()
 		if lead < 0 {
 			x.logf("    (no leader to stop)")
@@ -873,6 +879,9 @@ func (x *schedule) putNested(ctx context.Context, n int) error {
 	_, err := x.admin.Txn(ctx).Then(ops...).Commit()
 	return err
 }
+
+// memberStops serialises the schedules' stops and restarts of members.
+var memberStops sync.Mutex
 
 // quickOp runs another actor's quick operation (a Try form, a release),
 // from within target's RPC: an actor with no operation in flight.
