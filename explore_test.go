@@ -563,7 +563,9 @@ func (x *schedule) finish(a *actor, f *inflight, err error) {
 	}
 	a.mu.Unlock()
 	x.logf("  a%d: %s returned %v", a.id, f.name, err)
-	if f.op.acquire && err != nil && s.Err() == nil && !strings.Contains(err.Error(), "session") {
+	// (rev 0: etcd could not be asked when it began, during a member's
+	// stop: nothing to compare with.)
+	if f.op.acquire && err != nil && s.Err() == nil && !strings.Contains(err.Error(), "session") && f.rev > 0 {
 		x.noKeyLeft(a, f)
 	}
 }
