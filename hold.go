@@ -11,7 +11,8 @@ import (
 )
 
 // A hold is one acquisition (Lock, RLock, Acquire), until its release or
-// loss.
+// loss. (Its fields are ordered to fit a 112-byte allocation: a program may
+// hold thousands.)
 type hold struct {
 	rev  int64              // create revision of the key: the token
 	mode KeyMode            // what the key asks for; guarded by queue.mu (Downgrade changes it)
@@ -22,7 +23,6 @@ type hold struct {
 	// Guarded by queue.mu.
 	done  chan struct{} // closed when the hold ends; made by the first Done or Unlock
 	err   error         // ErrLockLost after an involuntary end
-	rel   error         // once a release ended: what Unlock returns for it
 	watch *keyWatch     // the loss watch; nil until Done asks for it
 	state holdState     // see release.go
 	// sent: a release attempt was sent. From then on the key may vanish
@@ -35,6 +35,7 @@ type hold struct {
 	finished    bool // the hold is no longer the queue's, or is being made so (finish)
 	downgrading bool // a Downgrade is under way: Unlock gets ErrLockReleased meanwhile
 	modeUnknown bool // a Downgrade's outcome is unknown: Unlock and RUnlock both release
+	byLease     bool // the release ended with the session: its key goes with the lease
 
 	kind  Kind          // as acquired, for Hooks; set only when the session has events
 	since time.Duration // monotime of the acquisition; set only when the session has events
@@ -251,7 +252,6 @@ func (q *queue) loseLocked(h *hold, cause error) (ended bool, _ error) {
 	case !h.sent:
 		// Gone before the release's first attempt.
 		err = errorf("%w before Unlock: %w", ErrLockLost, cause)
-		h.rel = err
 	}
 	return h.end(err), err
 }

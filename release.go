@@ -54,7 +54,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 			}
 			l.owed = false
 			q.mu.Unlock()
-			return l.rel
+			return q.relOf(l, op)
 		}
 		q.mu.Unlock()
 		return ErrLockReleased
@@ -126,9 +126,13 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 		}
 		switch {
 		case q.s.Err() != nil:
-			return q.ended(ctx, h, nil, q.leftToLease(op, err))
+			rel := q.ended(ctx, h, nil, true, op)
+			if err != nil && errors.Is(rel, ErrSessionExpired) {
+				rel = q.leftToLease(op, err) // with the last attempt's error
+			}
+			return rel
 		case ctx.Err() != nil:
-			return q.background(ctx, h, errorf("%s %s: %w; %w", op, q.key, ctx.Err(), errReleasePending))
+			return q.background(ctx, h, op, errorf("%s %s: %w; %w", op, q.key, ctx.Err(), errReleasePending))
 		case !passing(err):
 			// etcd refused it (a permission denied, say): no retry
 			// will do better. The hold stays; Unlock may be called
@@ -140,7 +144,7 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 				return errorf("%s %s: %w", op, q.key, err)
 			}
 			q.mu.Unlock()
-			return q.ended(ctx, h, nil, nil) // the loss watch saw the key go
+			return q.ended(ctx, h, nil, false, op) // the loss watch saw the key go
 		}
 		q.mu.Lock()
 		if h.done == nil {
@@ -160,7 +164,7 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 	q.mu.Lock()
 	if h.state == holdEnded {
 		q.mu.Unlock()
-		return true, q.ended(ctx, h, nil, nil)
+		return true, q.ended(ctx, h, nil, false, op)
 	}
 	first := !h.sent
 	h.sent, h.inflight = true, true
@@ -176,19 +180,33 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 	switch {
 	case err == nil && resp.Succeeded, err != nil && goneMid:
 		// Deleted, or the loss watch saw the key go meanwhile.
-		return true, q.ended(ctx, h, nil, nil)
+		return true, q.ended(ctx, h, nil, false, op)
 	case err == nil && first:
 		// No attempt of ours can have deleted the key: it was gone
 		// before the release began.
 		lost := errorf("%w before %s: %w", ErrLockLost, op, q.keyGone(ctx, h.maxLease()))
-		return true, q.ended(ctx, h, lost, lost)
+		return true, q.ended(ctx, h, lost, false, op)
 	case err == nil:
 		// An earlier attempt may have deleted it, or someone else did
 		// (or its lease ended) before it arrived: etcd keeps nothing
 		// that tells the two apart. Not known to be lost.
-		return true, q.ended(ctx, h, nil, nil)
+		return true, q.ended(ctx, h, nil, false, op)
 	}
 	return false, err
+}
+
+// relOf is what Unlock (op) returns for h's release, which has ended: nil
+// when it released the key, h's loss when the key was gone before it began,
+// and that the key went with the lease when the session ended first.
+// Called with q.mu held.
+func (q *queue) relOf(h *hold, op string) error {
+	switch {
+	case h.err != nil:
+		return h.err
+	case h.byLease:
+		return q.leftToLease(op, nil)
+	}
+	return nil
 }
 
 // errReleasePending says the release goes on in the background.
@@ -206,17 +224,17 @@ func (q *queue) leftToLease(op string, err error) error {
 }
 
 // ended ends h, unless it has ended already (the loss watch, between
-// attempts), with err as its Err and rel as what Unlock returns, and
-// finishes it. It returns what Unlock returns. Called by the owner of h's
+// attempts), with err as its Err (nil: released) and byLease saying that
+// the session's end took the key, and finishes it. It returns what Unlock
+// (op) returns for the release (relOf). Called by the owner of h's
 // release.
-func (q *queue) ended(ctx context.Context, h *hold, err, rel error) error {
+func (q *queue) ended(ctx context.Context, h *hold, err error, byLease bool, op string) error {
 	q.mu.Lock()
 	now := h.end(err)
 	if now {
-		h.rel = rel
-	} else {
-		rel = h.rel
+		h.byLease = byLease
 	}
+	rel := q.relOf(h, op)
 	claim := !h.finished
 	h.finished = true
 	q.mu.Unlock()
@@ -234,11 +252,11 @@ func (q *queue) ended(ctx context.Context, h *hold, err, rel error) error {
 // no longer held (Token is 0, IsOwner never holds); Done closes when the
 // release ends; the next Lock of the session waits for it, and the next
 // Unlock reports how it ended.
-func (q *queue) background(ctx context.Context, h *hold, err error) error {
+func (q *queue) background(ctx context.Context, h *hold, op string, err error) error {
 	q.mu.Lock()
 	if h.state == holdEnded {
 		q.mu.Unlock()
-		return q.ended(ctx, h, nil, nil)
+		return q.ended(ctx, h, nil, false, op)
 	}
 	h.state, h.owed = holdReleasing, true
 	if h.done == nil {
@@ -253,7 +271,7 @@ func (q *queue) background(ctx context.Context, h *hold, err error) error {
 		q.mu.Lock()
 		h.owed = false
 		q.mu.Unlock()
-		return q.ended(ctx, h, nil, q.leftToLease("Unlock", nil))
+		return q.ended(ctx, h, nil, true, op)
 	}
 	return err
 }
@@ -269,7 +287,7 @@ func (q *queue) awaitRelease(ctx context.Context, h *hold, op string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	h.owed = false
-	return h.rel
+	return q.relOf(h, op)
 }
 
 // finishNow makes h, which has ended and whose finishing the caller
@@ -420,7 +438,7 @@ func (q *queue) step(h *hold, tidy bool) bool {
 		if tidy {
 			q.finishNow(context.Background(), h)
 		} else {
-			q.ended(context.Background(), h, nil, q.leftToLease("Unlock", nil))
+			q.ended(context.Background(), h, nil, true, "Unlock")
 		}
 		return true
 	}
@@ -442,7 +460,7 @@ func (q *queue) step(h *hold, tidy bool) bool {
 	}
 	done, _ := q.attempt(actx, h, "Unlock")
 	if !done && q.s.Err() != nil {
-		q.ended(context.Background(), h, nil, q.leftToLease("Unlock", nil))
+		q.ended(context.Background(), h, nil, true, "Unlock")
 		return true
 	}
 	return done
