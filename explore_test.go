@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -911,21 +912,31 @@ func (x *schedule) quickOp(ctx context.Context, target *actor, d draws) {
 		}
 	}
 	// A Campaign here must not wait: a short ctx.
+	ctx, cancel := context.WithCancel(ctx)
 	if name == "Campaign" {
-		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
-		defer cancel()
 	}
-	f := &inflight{name: name, op: op, cancel: func() {}, rev: x.revision()}
+	f := &inflight{name: name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision()}
 	b.mu.Lock()
 	b.op = f
 	if op.release {
 		b.held = nil
 	}
 	b.mu.Unlock()
+	start := time.Now()
 	err := op.run(ctx, b, d.pick2)
-	x.logf("    a%d: %s: %v", b.id, name, err)
-	x.finish(b, f, err)
+	x.logf("    a%d: %s: %v (%v)", b.id, name, err, time.Since(start).Round(time.Millisecond))
+	if name == "Campaign" && time.Since(start) > 10*time.Second {
+		x.violation("a%d's Campaign with a 200ms ctx returned after %v\n%s", b.id, time.Since(start).Round(time.Millisecond), stacks())
+	}
+	// The step collects it, as it does any operation.
+	f.done <- err
+}
+
+// stacks returns every goroutine's stack, for a report.
+func stacks() string {
+	buf := make([]byte, 1<<20)
+	return string(buf[:runtime.Stack(buf, true)])
 }
 
 // observe follows the election with ObserveLeader, and checks each Leader
@@ -992,7 +1003,7 @@ func (x *schedule) teardown() {
 			case err := <-f.done:
 				x.finish(a, f, err)
 			case <-time.After(30 * time.Second):
-				x.violation("a%d's %s did not return within 30s of its ctx's end", a.id, f.name)
+				x.violation("a%d's %s did not return within 30s of its ctx's end\n%s", a.id, f.name, stacks())
 			}
 		}
 	}
