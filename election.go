@@ -67,7 +67,7 @@ type Election struct{ queue }
 
 // NewElection returns an Election for the election called name, in which
 // session s campaigns. Names are checked by Campaign, which returns
-// ErrInvalidName for an empty name or one longer than MaxNameLen.
+// ErrInvalidName for an invalid name (see ErrInvalidName).
 func NewElection(s *Session, name string) *Election {
 	e := new(Election)
 	e.init(s, name, KindElection, nil)

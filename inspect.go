@@ -130,8 +130,8 @@ func Serializable() InspectOption {
 // WithoutLeases and AtRevision leave the leases unread, and
 // HolderLeasesOnly the waiters' (LeaseErr says so). AtRevision reads an older queue; if etcd has compacted that
 // revision the error matches rpctypes.ErrCompacted. InspectLock returns
-// ErrInvalidName for an empty name or one longer than MaxNameLen, and
-// etcd's error if a read fails.
+// ErrInvalidName for an invalid name (see ErrInvalidName), and etcd's
+// error if a read fails.
 func InspectLock(ctx context.Context, cli *clientv3.Client, name string, opts ...InspectOption) (*LockQueue, error) {
 	if err := checkName(name); err != nil {
 		return nil, err

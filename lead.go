@@ -154,7 +154,7 @@ func Lead(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 	case fn == nil:
 		return errorf("%w: nil fn", ErrInvalidOption)
 	}
-	if err := checkName(name); err != nil {
+	if err := checkLockName(name); err != nil {
 		return err
 	}
 	if err := checkValue(value); err != nil {

@@ -21,8 +21,8 @@ type Mutex struct{ queue }
 
 // NewMutex returns a Mutex for the lock called name, taken through session
 // s. The name is checked by Lock and TryLock, which return ErrInvalidName
-// for an empty name or one longer than MaxNameLen. Names may contain "/": a
-// lock named "jobs/cleanup" never blocks one named "jobs" or the reverse.
+// for an invalid name (see ErrInvalidName). Names may contain "/": a lock
+// named "jobs/cleanup" never blocks one named "jobs" or the reverse.
 //
 // Invalid options are reported by Lock and TryLock, as ErrInvalidOption.
 func NewMutex(s *Session, name string, opts ...MutexOption) *Mutex {

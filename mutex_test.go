@@ -604,10 +604,32 @@ func TestBadInput(t *testing.T) {
 	s := newSession(t, cli, etcdlock.WithTTL(2500*time.Millisecond))
 	require.Equal(t, 3*time.Second, s.TTL(), "fractions of a second round up")
 
-	for _, name := range []string{"", strings.Repeat("x", etcdlock.MaxNameLen+1)} {
+	// "tr/" and "foo//bar" would be locks apart from "tr" and "foo/bar",
+	// each granted while the other is held (keys "tr//<lease>" and
+	// "foo//bar/<lease>").
+	for _, name := range []string{"", strings.Repeat("x", etcdlock.MaxNameLen+1), "tr/", "/", "foo//bar", "//tr"} {
 		m := etcdlock.NewMutex(s, name)
-		require.ErrorIs(t, m.Lock(t.Context()), etcdlock.ErrInvalidName)
-		require.ErrorIs(t, m.TryLock(t.Context()), etcdlock.ErrInvalidName)
+		require.ErrorIs(t, m.Lock(t.Context()), etcdlock.ErrInvalidName, "%q", name)
+		require.ErrorIs(t, m.TryLock(t.Context()), etcdlock.ErrInvalidName, "%q", name)
+		require.ErrorIs(t, etcdlock.NewSemaphore(s, name, 2).Acquire(t.Context(), 1), etcdlock.ErrInvalidName, "%q", name)
+		require.ErrorIs(t, etcdlock.NewRWMutex(s, name).RLock(t.Context()), etcdlock.ErrInvalidName, "%q", name)
+		require.ErrorIs(t, etcdlock.NewElection(s, name).Campaign(t.Context(), "v"), etcdlock.ErrInvalidName, "%q", name)
+		require.ErrorIs(t, etcdlock.Lead(t.Context(), cli, name, "v", func(context.Context) error { return nil }), etcdlock.ErrInvalidName, "%q", name)
+		_, err := etcdlock.InspectLock(t.Context(), cli, name)
+		if name == "" || len(name) > etcdlock.MaxNameLen {
+			require.ErrorIs(t, err, etcdlock.ErrInvalidName, "%q", name)
+		} else {
+			// Reads take them: etcd's Mutex makes such locks
+			// (NewMutex(s, "tr/") puts tr//<lease>).
+			require.NoError(t, err, "%q", name)
+		}
+	}
+	// A leading "/" is a common convention and stays valid, as do single
+	// slashes inside.
+	for _, name := range []string{"/" + lockName(t), lockName(t) + "/a/b"} {
+		m := etcdlock.NewMutex(s, name)
+		require.NoError(t, m.Lock(t.Context()), "%q", name)
+		require.NoError(t, m.Unlock(t.Context()), "%q", name)
 	}
 	// The longest valid name works.
 	long := etcdlock.NewMutex(s, strings.Repeat("y", etcdlock.MaxNameLen))

@@ -204,19 +204,37 @@ func (q *queue) validate() error {
 	if q.opts.err != nil {
 		return q.opts.err
 	}
-	return checkName(q.name)
+	return checkLockName(q.name)
 }
 
-// checkName returns ErrInvalidName for an empty name or one longer than
-// MaxNameLen.
+// checkName returns ErrInvalidName for a name no queue can have: empty,
+// or longer than MaxNameLen. Calls that only read a queue take any other
+// name, so that tools can see a lock that etcd's Mutex made under a
+// prefix ending in "/".
 func checkName(name string) error {
-	if name == "" {
+	switch {
+	case name == "":
 		return errorf("%w: empty name", ErrInvalidName)
-	}
-	if len(name) > MaxNameLen {
+	case len(name) > MaxNameLen:
 		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(name), MaxNameLen)
 	}
 	return nil
+}
+
+// checkLockName is checkName for the calls that join a queue, which also
+// refuse a name that ends in "/" or contains "//". The keys of a lock are
+// NAME/<lease hex>, so "tr/" would queue under "tr//" and "foo//bar"
+// beside "foo/bar": names that read as the same lock would be different
+// locks, each granted while the other is held. A leading "/" is a common
+// convention and stays valid.
+func checkLockName(name string) error {
+	switch {
+	case strings.HasSuffix(name, "/"):
+		return errorf("%w: name %q ends in \"/\": it would not be the lock %q", ErrInvalidName, name, strings.TrimRight(name, "/"))
+	case strings.Contains(name, "//"):
+		return errorf("%w: name %q contains \"//\"", ErrInvalidName, name)
+	}
+	return checkName(name)
 }
 
 // acquire joins the queue in mode and waits for its turn. It returns the
