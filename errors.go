@@ -6,6 +6,19 @@ import (
 	"strings"
 )
 
+// ErrSessionClosed is Session.Err, and the error of calls on the session,
+// after the program ended it: Close, Orphan, or the end of its WithContext
+// context. It also matches ErrSessionExpired, which every call on an ended
+// session returns; check it first to tell a normal end from a lost lease.
+var ErrSessionClosed error = sessionClosed{}
+
+// sessionClosed is ErrSessionClosed's type: its own message, and a match
+// for ErrSessionExpired.
+type sessionClosed struct{}
+
+func (sessionClosed) Error() string        { return "etcdlock: session closed" }
+func (sessionClosed) Is(target error) bool { return target == ErrSessionExpired }
+
 // Sentinel errors. Match them with errors.Is: they are usually wrapped with
 // detail.
 var (
@@ -13,7 +26,8 @@ var (
 	// another holder or waiter is ahead, in etcd or in this process.
 	ErrLocked = errors.New("etcdlock: lock is held by another session")
 	// ErrSessionExpired is returned when the session's lease is gone
-	// (expired, revoked, or closed), or the session has ended.
+	// (expired, revoked, or closed), or the session has ended. An end the
+	// program asked for also matches ErrSessionClosed.
 	ErrSessionExpired = errors.New("etcdlock: session expired")
 	// ErrLockReleased is returned by Unlock, RUnlock and Release when
 	// nothing is held in that mode.

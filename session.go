@@ -243,8 +243,9 @@ func (s *Session) TTL() time.Duration { return s.ttl }
 func (s *Session) Done() <-chan struct{} { return s.donec }
 
 // Err returns nil while the session runs, and then why it ended: always an
-// error matching ErrSessionExpired, which also matches the WithContext
-// context's error when that ended the session.
+// error matching ErrSessionExpired. An end the program asked for (Close,
+// Orphan, the WithContext context's end) also matches ErrSessionClosed,
+// and the context's error when that ended the session.
 func (s *Session) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -349,7 +350,7 @@ func (s *Session) shutdown() {
 	s.mu.Unlock()
 	s.stop()
 	<-s.loopDone
-	s.end(SessionClosed, errorf("%w: session closed", ErrSessionExpired))
+	s.end(SessionClosed, ErrSessionClosed)
 	s.watcher.wait()
 	s.releaser.wait()
 }
@@ -432,7 +433,7 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 				s.end(SessionClientClosed, errorf("%w: %w", ErrSessionExpired, errClientClosed))
 				return
 			}
-			s.end(SessionContextEnded, errorf("%w: session context ended: %w", ErrSessionExpired, ctx.Err()))
+			s.end(SessionContextEnded, errorf("%w: its context ended: %w", ErrSessionClosed, ctx.Err()))
 			return
 		case <-expire.C:
 			s.end(SessionNotRenewed, errorf("%w: lease %x not renewed within its TTL", ErrSessionExpired, s.id))

@@ -36,7 +36,11 @@ func TestSessionCloseReleasesAtOnce(t *testing.T) {
 
 	require.NoError(t, s.Close())
 	require.True(t, closed(s.Done()))
+	// A clean close is not called an expiry, but still matches
+	// ErrSessionExpired as every ended session does.
+	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionClosed)
 	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionExpired)
+	require.Equal(t, "etcdlock: session closed", s.Err().Error())
 	// Both keys went with Close: the session's lease and the max hold
 	// lease the second key was moved to.
 	require.Empty(t, keys(t, cli, name))
@@ -46,7 +50,10 @@ func TestSessionCloseReleasesAtOnce(t *testing.T) {
 	require.EqualValues(t, -1, ttl.TTL)
 	// The holds know they are lost without having watched.
 	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+	require.ErrorIs(t, m.Err(), etcdlock.ErrSessionClosed)
+	require.NotContains(t, m.Err().Error(), "expired")
 	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+	require.ErrorIs(t, etcdlock.NewMutex(s, name).Lock(t.Context()), etcdlock.ErrSessionClosed)
 }
 
 func TestSessionOrphanLeavesLease(t *testing.T) {
@@ -57,6 +64,7 @@ func TestSessionOrphanLeavesLease(t *testing.T) {
 	require.NoError(t, m.Lock(t.Context()))
 	s.Orphan()
 	require.True(t, closed(s.Done()))
+	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionClosed)
 	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost, "the hold is lost once the session has ended")
 	ttl, err := cli.TimeToLive(t.Context(), s.Lease())
 	require.NoError(t, err)
@@ -109,10 +117,11 @@ func TestSessionEndsWhenLeaseRevoked(t *testing.T) {
 	require.NoError(t, err)
 	select {
 	case <-s.Done():
-	case <-time.After(s.TTL() + time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("session did not end after its lease was revoked")
 	}
 	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionExpired)
+	require.NotErrorIs(t, s.Err(), etcdlock.ErrSessionClosed, "a lost lease is no clean close")
 }
 
 func TestSessionWithContext(t *testing.T) {
@@ -126,7 +135,9 @@ func TestSessionWithContext(t *testing.T) {
 		t.Fatal("session did not end with its context")
 	}
 	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionExpired)
+	require.ErrorIs(t, s.Err(), etcdlock.ErrSessionClosed)
 	require.ErrorIs(t, s.Err(), context.Canceled)
+	require.Equal(t, "etcdlock: session closed: its context ended: context canceled", s.Err().Error())
 	require.ErrorIs(t, etcdlock.NewMutex(s, lockName(t)).Lock(t.Context()), etcdlock.ErrSessionExpired)
 }
 
