@@ -342,10 +342,12 @@ func leaderAt(ctx context.Context, cli *clientv3.Client, pfx string, rev int64, 
 // went within the compacted history are not seen. While etcd is out of
 // reach the sequence waits, and the last state yielded may be stale.
 //
-// The sequence ends only when the loop breaks (its watch ends with it) or
-// after it yields an error: ctx's when ctx ends, ErrInvalidName, or an
-// error of etcd that does not pass (a closed client, a permission
-// denied). It never ends silently.
+// The sequence ends when the loop breaks (its watch ends with it), when
+// ctx ends, or after it yields an error: ErrInvalidName, or an error of
+// etcd that does not pass (a closed client, a permission denied). The end
+// of ctx is the caller's own doing, so it ends the sequence without an
+// error, as a break does: after the loop, ctx.Err() != nil tells that ctx
+// ended it. Otherwise it never ends without an error.
 //
 // The watch starts at the current revision, so that etcd counts it as
 // synced and sends each event at once: a watch started at an older
@@ -358,7 +360,7 @@ func ObserveLeader(ctx context.Context, cli *clientv3.Client, name string) iter.
 			return
 		}
 		o := &observer{cli: cli, name: name, pfx: name + "/", yield: yield}
-		if err := o.run(ctx); err != nil && !errors.Is(err, errStopped) {
+		if err := o.run(ctx); err != nil && !errors.Is(err, errStopped) && ctx.Err() == nil {
 			yield(Leader{}, err)
 		}
 	}

@@ -84,7 +84,7 @@ func ExampleObserveLeader() {
 	n := 0
 	for l, err := range etcdlock.ObserveLeader(ctx, cli, "example/observed") {
 		if err != nil {
-			log.Fatal(err) // ctx ended, or etcd refused: the sequence ends
+			log.Fatal(err) // etcd refused, or the client closed: the sequence ends
 		}
 		if l.Key == "" {
 			fmt.Println("no leader")
