@@ -473,11 +473,11 @@ func TestHooksSessionEnd(t *testing.T) {
 			log := slog.New(slog.NewJSONHandler(&logs, nil))
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(time.Second), etcdlock.WithContext(ctx),
+			s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(aliveTTL), etcdlock.WithContext(ctx),
 				etcdlock.WithHooks(rec.hooks()), etcdlock.WithLogger(log))
 			require.NoError(t, err)
 			defer s.Close()
-			rec.waitFor(t, "renewal", 5*time.Second, func() bool { return len(rec.renewals) > 0 })
+			rec.waitFor(t, "renewal", 10*time.Second, func() bool { return len(rec.renewals) > 0 })
 			tc.end(t, cli, s, cancel)
 			rec.waitFor(t, "SessionDone", 5*time.Second, func() bool { return len(rec.sessions) > 0 })
 			s.Close()
@@ -492,7 +492,7 @@ func TestHooksSessionEnd(t *testing.T) {
 			renewals := rec.renewals
 			rec.mu.Unlock()
 			require.NoError(t, renewals[0].Err)
-			require.Equal(t, time.Second, renewals[0].TTL)
+			require.Equal(t, aliveTTL, renewals[0].TTL)
 			for _, r := range renewals[:len(renewals)-1] {
 				require.NoError(t, r.Err, "renewals before the end succeed")
 			}

@@ -57,6 +57,13 @@ func (s *countedStream) RecvMsg(m any) error {
 	return err
 }
 
+// aliveTTL is the TTL of the sessions of tests that check that renewals
+// keep a lease alive. A session gives up a margin before its TTL after the
+// last confirmed renewal, and renews every TTL/3: at etcd's minimum of 1s
+// a stall of about 600ms of the test process (two saturated cores) ended
+// sessions that were renewing correctly. 3s leaves room for 2s stalls.
+const aliveTTL = 3 * time.Second
+
 // countedClient returns a client of c whose streams and keepalives are
 // counted, closed at the end of the test.
 func countedClient(t *testing.T, c *etcdtest.Cluster) (*clientv3.Client, *etcdtest.RPCCounter, *keepAliveCount) {
@@ -96,12 +103,12 @@ func TestSessionsShareKeepAliveStream(t *testing.T) {
 	cli2, rpcs2, kas2 := countedClient(t, cluster)
 	var ss1, ss2 []*etcdlock.Session
 	for range n {
-		ss1 = append(ss1, newSession(t, cli1, etcdlock.WithTTL(time.Second)))
-		ss2 = append(ss2, newSession(t, cli2, etcdlock.WithTTL(time.Second)))
+		ss1 = append(ss1, newSession(t, cli1, etcdlock.WithTTL(aliveTTL)))
+		ss2 = append(ss2, newSession(t, cli2, etcdlock.WithTTL(aliveTTL)))
 	}
-	// TTL 1s: a renewal every 333ms, so 4 rounds in under 2s.
-	waitAnswered(t, kas1, 0, 4*n, 10*time.Second)
-	waitAnswered(t, kas2, 0, 4*n, 10*time.Second)
+	// A renewal every second, so 4 rounds in about 4s.
+	waitAnswered(t, kas1, 0, 4*n, 30*time.Second)
+	waitAnswered(t, kas2, 0, 4*n, 30*time.Second)
 	requireAlive(t, cli1, ss1)
 	requireAlive(t, cli2, ss2)
 	require.EqualValues(t, 1, rpcs1.Streams(), "streams opened by the first client's %d sessions", n)
@@ -122,9 +129,9 @@ func TestSessionsShareKeepAliveStream(t *testing.T) {
 	// keepalives is new, and the goroutines they had must be gone.
 	require.NoError(t, leakcheck.Find(running))
 
-	s := newSession(t, cli1, etcdlock.WithTTL(time.Second))
+	s := newSession(t, cli1, etcdlock.WithTTL(aliveTTL))
 	from := kas1.answered.Load()
-	waitAnswered(t, kas1, from, 3, 10*time.Second)
+	waitAnswered(t, kas1, from, 3, 30*time.Second)
 	requireAlive(t, cli1, []*etcdlock.Session{s})
 	require.EqualValues(t, 2, rpcs1.Streams(), "a session after the last one ended opens a new stream")
 	require.EqualValues(t, 1, rpcs2.Streams())
@@ -180,12 +187,12 @@ func TestSessionRenewsUnderAuth(t *testing.T) {
 		Username: "root", Password: "root-pw",
 		DialOptions: append(rpcs.DialOptions(), kas.DialOptions()...),
 	})
-	ss := []*etcdlock.Session{newSession(t, cli, etcdlock.WithTTL(time.Second)), newSession(t, cli, etcdlock.WithTTL(time.Second))}
+	ss := []*etcdlock.Session{newSession(t, cli, etcdlock.WithTTL(aliveTTL)), newSession(t, cli, etcdlock.WithTTL(aliveTTL))}
 	// The stream opens (and the client authenticates for it) after the
 	// sessions have started: count from its first answer on.
-	waitAnswered(t, kas, 0, 1, 10*time.Second)
+	waitAnswered(t, kas, 0, 1, 30*time.Second)
 	unary, from := rpcs.Unary(), kas.answered.Load()
-	waitAnswered(t, kas, from, 8, 10*time.Second)
+	waitAnswered(t, kas, from, 8, 30*time.Second)
 	require.Equal(t, unary, rpcs.Unary(), "renewals made unary calls (Authenticate?)")
 	require.EqualValues(t, 1, rpcs.Streams())
 	requireAlive(t, cli, ss)
@@ -200,10 +207,10 @@ func TestSessionWithoutConnection(t *testing.T) {
 	cli := clientv3.NewCtxClient(t.Context())
 	t.Cleanup(func() { cli.Close() })
 	cli.KV, cli.Lease, cli.Watcher = real.KV, real.Lease, real.Watcher
-	s := newSession(t, cli, etcdlock.WithTTL(time.Second))
+	s := newSession(t, cli, etcdlock.WithTTL(aliveTTL))
 	m := etcdlock.NewMutex(s, lockName(t))
 	require.NoError(t, m.Lock(t.Context()))
-	time.Sleep(3 * s.TTL()) // the lease would have expired twice over without renewals
+	time.Sleep(2 * s.TTL()) // the lease would have expired without renewals
 	requireAlive(t, real, []*etcdlock.Session{s})
 	require.NoError(t, m.Err())
 	require.NoError(t, m.Unlock(t.Context()))

@@ -166,11 +166,11 @@ func TestSessionWithLeaseNearExpiry(t *testing.T) {
 func TestSessionKeepsLeaseAlive(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
-	s := newSession(t, cli, etcdlock.WithTTL(time.Second))
+	s := newSession(t, cli, etcdlock.WithTTL(aliveTTL))
 	m := etcdlock.NewMutex(s, lockName(t))
 	require.NoError(t, m.Lock(t.Context()))
 	done := m.Done()
-	deadline := time.Now().Add(3 * s.TTL())
+	deadline := time.Now().Add(2 * s.TTL())
 	for time.Now().Before(deadline) {
 		require.False(t, closed(done), "hold lost while the session renewed: %v", m.Err())
 		r, err := cli.Get(t.Context(), m.Key())
