@@ -1,5 +1,7 @@
 package etcdlock
 
+import "time"
+
 // SetTestHookWait makes m call f, with the key it watches, each time it has
 // set up its watches and blocks waiting for its turn.
 func SetTestHookWait(m *Mutex, f func(pred string)) {
@@ -23,4 +25,12 @@ func SetInspectPage(n int64) (restore func()) {
 	old := inspectPage
 	inspectPage = n
 	return func() { inspectPage = old }
+}
+
+// SessionGiveUp returns when s gives up its lease, if no renewal is
+// confirmed before: the end of what etcd confirmed, less the margin.
+func SessionGiveUp(s *Session) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deadline.Add(-s.expiryMargin())
 }
