@@ -497,6 +497,15 @@ func (x *schedule) start(step int, a *actor, op exploreOp, d draws) {
 		ctx, cancel = context.WithTimeout(x.ctx, time.Duration(d.timeout/10)*time.Millisecond)
 		desc = fmt.Sprintf("%dms", d.timeout/10)
 	}
+	if a.op != nil {
+		// Another actor's RPC ran a quick operation on a (quickOp)
+		// since the step found it idle: one operation at a time.
+		busy := a.op.name
+		a.mu.Unlock()
+		cancel()
+		x.logf("step %d: a%d: (taken meanwhile by %s)", step, a.id, busy)
+		return
+	}
 	f := &inflight{name: op.name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision()}
 	a.op = f
 	if op.name == "Do" {
@@ -911,21 +920,6 @@ var memberStops sync.Mutex
 // quickOp runs another actor's quick operation (a Try form, a release),
 // from within target's RPC: an actor with no operation in flight.
 func (x *schedule) quickOp(ctx context.Context, target *actor, d draws) {
-	var b *actor
-	for i := range x.actors {
-		c := x.actors[(d.pick2+i)%len(x.actors)]
-		c.mu.Lock()
-		idle := c != target && c.op == nil && c.s != nil && c.s.Err() == nil
-		c.mu.Unlock()
-		if idle {
-			b = c
-			break
-		}
-	}
-	if b == nil {
-		x.logf("    (no other actor free)")
-		return
-	}
 	name := x.k.quick[d.pick%len(x.k.quick)]
 	var op exploreOp
 	for _, o := range x.k.ops {
@@ -939,12 +933,32 @@ func (x *schedule) quickOp(ctx context.Context, target *actor, d draws) {
 		ctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
 	}
 	f := &inflight{name: name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision()}
-	b.mu.Lock()
-	b.op = f
-	if op.release {
-		b.held = nil
+	// The actor is taken in the same critical section that finds it idle:
+	// the step's own operation may be starting on it at this moment (see
+	// start), and one of the two would otherwise overwrite the other's
+	// inflight, which teardown then never cancels.
+	var b *actor
+	for i := range x.actors {
+		c := x.actors[(d.pick2+i)%len(x.actors)]
+		c.mu.Lock()
+		idle := c != target && c.op == nil && c.s != nil && c.s.Err() == nil
+		if idle {
+			c.op = f
+			if op.release {
+				c.held = nil
+			}
+		}
+		c.mu.Unlock()
+		if idle {
+			b = c
+			break
+		}
 	}
-	b.mu.Unlock()
+	if b == nil {
+		cancel()
+		x.logf("    (no other actor free)")
+		return
+	}
 	start := time.Now()
 	err := op.run(ctx, b, d.pick2)
 	x.logf("    a%d: %s: %v (%v)", b.id, name, err, time.Since(start).Round(time.Millisecond))
