@@ -348,7 +348,7 @@ func TestWindowModel(t *testing.T) {
 	}
 	// With unit weights, releasing the k-th oldest of C holders wakes k
 	// waiters, one admitted: C-1 spurious at worst ("+1" cannot be had
-	// without extra writes for C >= 3; see the README).
+	// without extra writes for C >= 3; see docs/design.md).
 	for c, w := range worstByC {
 		if int64(w) > c-1 {
 			t.Errorf("capacity %d: a release woke %d it did not admit, want at most %d", c, w, c-1)

@@ -156,7 +156,7 @@ func testSemFIFO(t *testing.T, c *etcdtest.Cluster, n int) {
 // wakes exactly the waiter it admits. Releasing another wakes the waiters
 // whose windows hold it: at most the capacity, here 4 of which 3 stay out.
 // "The admitted plus at most one" cannot be had for a capacity of 3 or
-// more without extra writes (see the README's Semaphore section); this is
+// more without extra writes (see docs/design.md, "Who a release wakes"); this is
 // the bound we give.
 func TestSemaphoreWakes(t *testing.T) {
 	const capacity = 4

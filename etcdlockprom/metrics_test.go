@@ -412,7 +412,7 @@ func find(t *testing.T, g prometheus.Gatherer, name string, labels ...string) (f
 // BenchmarkUncontended measures Lock then Unlock of an uncontended Mutex
 // on a one-member etcd, without hooks ("unset") and with the metrics
 // attached ("prometheus"). Run each alone, alternating, and compare the
-// medians (see the README's Metrics and logs):
+// medians (see docs/performance.md, "Hooks and metrics"):
 //
 //	go test -run '^$' -bench 'BenchmarkUncontended/prometheus' -benchmem .
 func BenchmarkUncontended(b *testing.B) {
