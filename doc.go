@@ -29,4 +29,33 @@
 // TTL can still run while another holds the lock. Make writes conditional:
 // in etcd with Txn().If(m.IsOwner()), elsewhere with the fencing token
 // m.Token(): a hold admitted after one that excludes it has a larger token.
+//
+// # Which primitive
+//
+//   - One holder at a time (a job, a migration, a file): Mutex. Lock waits
+//     in line, TryLock does not wait, Do runs a function under the lock
+//     with a context cancelled the moment the lock is lost.
+//   - Many readers or one writer: RWMutex. A reader waits behind a writer
+//     that waits, so writers do not starve; Downgrade turns the write lock
+//     into a read lock without leaving the line.
+//   - At most a number of units in use across processes (connections,
+//     uploads, licences): Semaphore, with a capacity and a weight per
+//     Acquire, admitted strictly in order.
+//   - One primary that others can find, with a value such as its address:
+//     Election (Campaign, Proclaim, Resign). To follow it without taking
+//     part, and without a lease: ObserveLeader and CurrentLeader.
+//   - Run a function only while this instance is the primary, and campaign
+//     again after a loss: Lead. Its function's context carries the Term
+//     that fences its writes (TermFromContext).
+//   - Who holds a lock and who waits: InspectLock for one lock, ListLocks
+//     for every lock under a prefix; they need no Session and write
+//     nothing. WithIdentity records who a holder is.
+//   - Metrics and logs: WithHooks (the module etcdlockprom turns them into
+//     Prometheus metrics) and WithLogger.
+//
+// Every lock and candidacy goes through a Session: one lease, one hold per
+// name at a time. Use a Session per concurrent holder of one name, and one
+// Session for all the different names a process locks. WithTTL sets how
+// long a process that dies keeps its locks, and its place in their queues:
+// the repository's docs/operations.md says how to choose it.
 package etcdlock

@@ -45,7 +45,7 @@ func leaderOf(kv *mvccpb.KeyValue, rev int64) Leader {
 // of etcd's concurrency.Election and `etcdctl elect`, so that they, and
 // this package's Election, queue behind each other and observe each other
 // on one name. Names may contain "/": an election named "a/b" never mixes
-// with one named "a" or "ab" (etcd PR 10297).
+// with one named "a" or "ab".
 //
 // Winning is not, by itself, mutual exclusion: a leader that is paused or
 // cut off longer than its session's TTL loses leadership while it still
@@ -95,13 +95,13 @@ func checkValue(value string) error {
 // While it waits, Campaign rides out broken watches and etcd leader
 // elections, and it watches its own key: if the session's lease ends (it
 // expired, was revoked, or the session was closed), Campaign returns an
-// error matching ErrSessionExpired at once: it neither blocks on nor
-// returns nil holding nothing (etcd issues 19597 and 11007). If someone deletes the key, it returns an
-// error matching ErrLockLost.
+// error matching ErrSessionExpired at once: it neither blocks nor returns
+// nil holding nothing. If someone deletes the key, it returns an error
+// matching ErrLockLost.
 //
 // On failure Campaign leaves no key of this session in the election (if
 // etcd cannot be reached to remove it, or the session has ended, the key
-// goes with the session's lease; etcd issue 21128) and returns ctx's
+// goes with the session's lease) and returns ctx's
 // error, an error matching ErrSessionExpired, ErrLockLost, ErrInvalidName,
 // ErrInvalidValue, or etcd's error. If e won just as ctx ended, it resigns
 // again and Campaign returns ctx's error.
@@ -196,7 +196,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 // no longer the leader (Token returns 0), and the resignation goes on in
 // the background while the session lives; a retried Resign waits for it.
 // So the key never outlives a Resign whose RPC failed, and a retry never
-// returns nil while the key may stay (etcd issue 22123). A Resign while
+// returns nil while the key may stay. A Resign while
 // another Resign of e is under way returns an error matching
 // ErrLockReleased.
 func (e *Election) Resign(ctx context.Context) error {
@@ -330,10 +330,10 @@ func leaderAt(ctx context.Context, cli *clientv3.Client, pfx string, rev int64, 
 // The sequence yields the current state first (the leader, or a Leader
 // with Key "" when there is none), then every change, in revision order:
 // a new leader, a new proclaimed value, no leader. Each Leader yielded was
-// the oldest key of the election at its Revision (never a later candidate
-// that etcd's Observe can report, etcd issue 18163), and no state is
-// yielded twice in a row. "No leader" is yielded as such (trillian issue
-// 1387), so a cached leader never outlives its key.
+// the oldest key of the election at its Revision (never a later
+// candidate, as etcd's Observe can report), and no state is yielded twice
+// in a row. "No leader" is yielded as such, so a cached leader never
+// outlives its key.
 //
 // Broken watches, etcd leader elections and member restarts are ridden
 // out: the watch resumes after the last revision seen, so no change is

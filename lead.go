@@ -135,7 +135,7 @@ func TermFromContext(ctx context.Context) (Term, bool) {
 //
 // There is no "stopped leading" callback: fn's return is the end of a
 // term, so nothing runs for a term that never began (client-go's
-// OnStoppedLeading is called even then: client-go issue 1187).
+// OnStoppedLeading is called even then).
 //
 // Lead returns at once, with the error, for an invalid name, value or
 // option, and when etcd denies the election's keys (permission) or cli is

@@ -67,7 +67,7 @@ func (m *Mutex) TryLock(ctx context.Context) error { return m.lock(ctx, KeyMode{
 
 // Unlock releases the lock. It deletes the key only if it is still the key
 // this hold created (same create revision), so it can never delete another
-// holder's key, however often the delete is sent (etcd issue 22082).
+// holder's key, however often the delete is sent.
 //
 // It returns nil when the hold ended with this Unlock, ErrLockReleased if
 // the Mutex is not held (Unlock before Lock, double Unlock), and

@@ -35,10 +35,14 @@ func defaultSessionOptions() sessionOptions {
 type SessionOption func(*sessionOptions) error
 
 // WithTTL sets the TTL of the session's lease: how long etcd keeps the
-// session's locks after the process stops renewing it (it died or was cut
-// off). Default DefaultTTL (15s). Values below MinTTL (1s) are an error;
-// fractions of a second round up, since etcd leases count whole seconds.
-// WithTTL has no effect together with WithLease, whose lease keeps its TTL.
+// session's locks, and its places in their queues, after the process
+// stops renewing it (it died or was cut off). So a waiter killed with
+// SIGKILL stalls the queue for up to the TTL when its turn comes. Renewals
+// go every TTL/3, so the session rides out an etcd that does not answer
+// for at least about two thirds of the TTL. Default DefaultTTL (15s).
+// Values below MinTTL (1s) are an error; fractions of a second round up,
+// since etcd leases count whole seconds. WithTTL has no effect together
+// with WithLease, whose lease keeps its TTL.
 func WithTTL(d time.Duration) SessionOption {
 	return func(o *sessionOptions) error {
 		if d < MinTTL {

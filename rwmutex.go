@@ -14,9 +14,8 @@ import (
 // etcd's concurrency.Mutex and `etcdctl lock` exclude it and are excluded
 // by it). A reader holds when only readers are ahead of it. It shares the
 // Mutex's guarantees: a waiter notices at once that its own lease ended
-// (and is never admitted without its key: etcd issue 16221); the holder is
-// told first that its hold was lost (Done, Err); Token and IsOwner fence a
-// hold.
+// (and is never admitted without its key); the holder is told first that
+// its hold was lost (Done, Err); Token and IsOwner fence a hold.
 //
 // Each waiter watches one key: a writer the key just ahead, a reader the
 // last writer ahead. A writer's release wakes exactly the holds it admits
@@ -108,9 +107,8 @@ func admitShared(_ entry, ahead []entry) []entry {
 
 // Downgrade turns this RWMutex's write lock into a read lock without
 // leaving the queue: the key keeps its create revision, so the hold keeps
-// its place and Token, and no writer queued behind it can get in between
-// (Apache Curator's CURATOR-621 let one in). Readers queued behind it, up
-// to the next writer, are admitted at once. It is the only change of a
+// its place and Token, and no writer queued behind it can get in between.
+// Readers queued behind it, up to the next writer, are admitted at once. It is the only change of a
 // key's mode in place, and it only makes the key admit more.
 //
 // It returns ErrLockReleased if the RWMutex holds no write lock (or an

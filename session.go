@@ -11,13 +11,14 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
-// A Session is a lease on etcd kept alive while the process runs. Every lock
-// a Mutex takes through the session is bound to that lease, so all of them
-// end when the session ends: at Close (at once, the lease is revoked), or
+// A Session is a lease on etcd kept alive while the process runs. Every
+// hold and place in line taken through the session (a Mutex's, an
+// RWMutex's, a Semaphore's, an Election's) is bound to that lease, so all
+// of them end when the session ends: at Close (at once, the lease is revoked), or
 // TTL after the process stops renewing (it died, was paused, or lost etcd).
 //
 // The session renews its lease every TTL/3, on one LeaseKeepAlive stream
-// that all the sessions of its client share (see keeper). It counts the
+// that all the sessions of its client share. It counts the
 // lease's life from the moment each renewal was sent, because etcd extends
 // the lease only when it receives the request: the lease lives at least
 // until send time + TTL, and an answer that arrives late proves nothing
