@@ -425,3 +425,59 @@ func TestDocsReadmeCommands(t *testing.T) {
 	ciTest := slices.DeleteFunc(shellWords(lines[i+1]), func(w string) bool { return w == "-count=1" })
 	require.Equal(t, readmeTest, ciTest, ".ci/run's README test command is not the README's")
 }
+
+// TestDocsLinks checks the relative links of the docs: the file exists,
+// and an #anchor names a heading of it (as GitHub makes anchors).
+func TestDocsLinks(t *testing.T) {
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	anchors := map[string]map[string]bool{}
+	anchorsOf := func(page string) map[string]bool {
+		if a, ok := anchors[page]; ok {
+			return a
+		}
+		a := map[string]bool{}
+		src, err := os.ReadFile(page)
+		require.NoError(t, err)
+		inBlock := false
+		for _, l := range strings.Split(string(src), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), "```") {
+				inBlock = !inBlock
+			}
+			if inBlock || !strings.HasPrefix(l, "#") {
+				continue
+			}
+			h := strings.ToLower(strings.TrimSpace(strings.TrimLeft(l, "#")))
+			h = regexp.MustCompile(`[^\p{L}\p{N} _-]`).ReplaceAllString(h, "")
+			a[strings.ReplaceAll(h, " ", "-")] = true
+		}
+		anchors[page] = a
+		return a
+	}
+	checked := 0
+	for _, page := range docPages(t) {
+		src, err := os.ReadFile(page)
+		require.NoError(t, err)
+		for n, l := range strings.Split(string(src), "\n") {
+			for _, m := range link.FindAllStringSubmatch(l, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				checked++
+				file, anchor, _ := strings.Cut(target, "#")
+				path := page
+				if file != "" {
+					path = filepath.Join(filepath.Dir(page), file)
+					if _, err := os.Stat(path); err != nil {
+						t.Errorf("%s:%d: link to %s: no such file", page, n+1, target)
+						continue
+					}
+				}
+				if anchor != "" && strings.HasSuffix(path, ".md") && !anchorsOf(path)[anchor] {
+					t.Errorf("%s:%d: link to %s: %s has no heading with anchor #%s", page, n+1, target, path, anchor)
+				}
+			}
+		}
+	}
+	require.NotZero(t, checked, "no relative link found: is the parser broken?")
+}
