@@ -269,7 +269,7 @@ func CurrentLeader(ctx context.Context, cli *clientv3.Client, name string) (Lead
 	if err := checkName(name); err != nil {
 		return Leader{}, err
 	}
-	l, err := leaderAt(ctx, cli, name+"/", 0, false)
+	l, err := leaderAt(ctx, cli, name+"/", 0)
 	if err != nil {
 		return Leader{}, err
 	}
@@ -280,18 +280,13 @@ func CurrentLeader(ctx context.Context, cli *clientv3.Client, name string) (Lead
 }
 
 // leaderAt reads the oldest direct child of pfx at revision rev (the
-// newest when 0), serializably if asked: a read at a fixed revision is the
-// same on every member that has applied it.
-func leaderAt(ctx context.Context, cli *clientv3.Client, pfx string, rev int64, serializable bool) (Leader, error) {
-	var reads []clientv3.OpOption
-	if serializable {
-		reads = append(reads, clientv3.WithSerializable())
-	}
+// newest when 0), linearizably.
+func leaderAt(ctx context.Context, cli *clientv3.Client, pfx string, rev int64) (Leader, error) {
 	page := func() []clientv3.OpOption {
-		return append([]clientv3.OpOption{
+		return []clientv3.OpOption{
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend),
 			clientv3.WithLimit(queueScan),
-		}, reads...)
+		}
 	}
 	first := append(page(), clientv3.WithPrefix())
 	if rev > 0 {
@@ -306,7 +301,7 @@ func leaderAt(ctx context.Context, cli *clientv3.Client, pfx string, rev int64, 
 	}
 	// Later pages read at the first one's revision: the answer is the
 	// state at one revision.
-	p := pager{cli: cli, pfx: pfx, rev: rev, page: page, tie: reads}
+	p := pager{cli: cli, pfx: pfx, rev: rev, page: page}
 	p.add(resp.Kvs, resp.More)
 	for kvs := resp.Kvs; ; {
 		for _, kv := range kvs {
@@ -438,7 +433,7 @@ func (o *observer) watch(ctx context.Context) error {
 		// The watch delivers what happens after its creation; the read,
 		// linearizable, is at a revision at least that: it closes the gap,
 		// and the watch's events up to it are skipped.
-		l, err := leaderAt(ctx, o.cli, o.pfx, 0, false)
+		l, err := leaderAt(ctx, o.cli, o.pfx, 0)
 		if err != nil {
 			return err
 		}
@@ -532,14 +527,14 @@ func (o *observer) step(ctx context.Context, rev int64, evs []*clientv3.Event) e
 	return o.set(next, rev)
 }
 
-// readAt reads the leader at rev: from the member's own state when it has
-// applied rev, else linearizably.
+// readAt reads the leader at rev, linearizably: the member that answers
+// has applied rev first. (The watch that reported rev may run on another
+// member than the read, and a serializable read at a revision a member has
+// not applied yet fails, which etcd's client logs as a warning. A new
+// leader is read once per change of leader: the round trip to etcd's
+// leader costs little.)
 func (o *observer) readAt(ctx context.Context, rev int64) (Leader, error) {
-	l, err := leaderAt(ctx, o.cli, o.pfx, rev, true)
-	if errors.Is(err, rpctypes.ErrFutureRev) {
-		l, err = leaderAt(ctx, o.cli, o.pfx, rev, false)
-	}
-	return l, err
+	return leaderAt(ctx, o.cli, o.pfx, rev)
 }
 
 // set makes l the state at rev, and yields it unless it says what the

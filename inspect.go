@@ -105,7 +105,10 @@ func HolderLeasesOnly() InspectOption {
 // Serializable lets the member InspectLock asks answer from its own copy,
 // without a round trip to the leader: cheaper, for a display polled over
 // and over, but the queue may be a little stale (it is still the queue at
-// one revision, Revision, of that member). Default: linearizable.
+// one revision, Revision, of that member). A queue longer than one page
+// (512 keys) reads its further pages linearizably, at that revision.
+// Together with AtRevision, a member that has not applied the revision
+// yet refuses the read. Default: linearizable.
 func Serializable() InspectOption {
 	return func(o *inspectOptions) { o.serializable = true }
 }
@@ -192,7 +195,15 @@ func readQueue(ctx context.Context, cli *clientv3.Client, name string, o inspect
 		// header: the first page's is the queue's.
 		q.Revision = resp.Header.Revision
 	}
-	p := pager{cli: cli, pfx: pfx, rev: q.Revision, page: page, tie: reads}
+	// Later pages are read linearizably, even for Serializable: the next
+	// call may go to another member, which may not have applied the first
+	// page's revision yet, and would refuse a serializable read at it.
+	p := pager{cli: cli, pfx: pfx, rev: q.Revision, page: func() []clientv3.OpOption {
+		return []clientv3.OpOption{
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend),
+			clientv3.WithLimit(inspectPage),
+		}
+	}}
 	p.add(resp.Kvs, resp.More)
 	for kvs := resp.Kvs; ; {
 		for _, kv := range kvs {

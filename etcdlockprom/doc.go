@@ -18,6 +18,9 @@
 //	etcdlock_lease_renewal_failures_total             counter: renewals that failed
 //	etcdlock_sessions_ended_total{cause}              counter: sessions ended, by cause (closed, context_ended, client_closed, not_renewed, lease_gone)
 //
+// The gauges (without LockNames) and etcdlock_sessions_ended_total have a
+// series for each kind and cause from the start, at zero.
+//
 // Elections won are etcdlock_acquire_duration_seconds_count{kind="election",outcome="acquired"};
 // lost, etcdlock_hold_duration_seconds_count{kind="election",end!="released"}.
 //

@@ -17,15 +17,28 @@ type Options struct {
 	LockNames bool
 	// AcquireBuckets and HoldBuckets are the buckets, in seconds, of
 	// etcdlock_acquire_duration_seconds and etcdlock_hold_duration_seconds.
-	// Default: 1ms to about 1h, each 4 times the last.
+	// Default: 1ms to about 35 minutes, each twice the last (1ms, 2ms,
+	// 4ms, 8ms, ...): an uncontended acquisition takes one round trip,
+	// often 2 to 5ms, and coarser buckets could not tell 2ms from 5ms.
 	AcquireBuckets, HoldBuckets []float64
 	// RenewalBuckets are those of etcdlock_lease_renewal_duration_seconds.
 	// Default: prometheus.DefBuckets (5ms to 10s).
 	RenewalBuckets []float64
 }
 
-// defaultBuckets are 1ms, 4ms, 16ms ... about 73 minutes.
-var defaultBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
+// defaultBuckets are 1ms, 2ms, 4ms ... about 35 minutes.
+var defaultBuckets = prometheus.ExponentialBuckets(0.001, 2, 22)
+
+// kinds and sessionEnds are every label value of kind and cause: their
+// series exist from the start, at zero, as Prometheus advises for labels
+// whose values are known (a series that appears only with its first event
+// reads as "no data" before it, and rate() misses that first event).
+var (
+	kinds = []etcdlock.Kind{etcdlock.KindMutex, etcdlock.KindRWMutexRead, etcdlock.KindRWMutexWrite,
+		etcdlock.KindSemaphore, etcdlock.KindElection}
+	sessionEnds = []etcdlock.SessionEnd{etcdlock.SessionClosed, etcdlock.SessionContextEnded,
+		etcdlock.SessionClientClosed, etcdlock.SessionNotRenewed, etcdlock.SessionLeaseGone}
+)
 
 // Metrics is a prometheus.Collector of the events of the sessions whose
 // Hooks it gives. It is safe for concurrent use.
@@ -64,7 +77,7 @@ func New(o Options) *Metrics {
 		}
 		return b
 	}
-	return &Metrics{
+	m := &Metrics{
 		names:  o.LockNames,
 		counts: make(map[gaugeKey]int),
 		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -99,6 +112,18 @@ func New(o Options) *Metrics {
 			Help: "Sessions ended, by cause.",
 		}, []string{"cause"}),
 	}
+	for _, c := range sessionEnds {
+		m.sessions.WithLabelValues(c.String())
+	}
+	// With names, a gauge's series come and go with the names in use;
+	// without, there is one per kind, from the start.
+	if !o.LockNames {
+		for _, k := range kinds {
+			m.waiters.WithLabelValues(k.String())
+			m.holders.WithLabelValues(k.String())
+		}
+	}
+	return m
 }
 
 // Hooks returns the hooks that feed m, for etcdlock.WithHooks.

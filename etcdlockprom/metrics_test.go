@@ -81,7 +81,11 @@ etcdlock_hold_duration_seconds_sum{end="key_deleted",kind="rwmutex_read"} 3
 etcdlock_hold_duration_seconds_count{end="key_deleted",kind="rwmutex_read"} 1
 # HELP etcdlock_holders Holds of this process, not yet released or known lost; for elections, the elections it leads.
 # TYPE etcdlock_holders gauge
+etcdlock_holders{kind="election"} 0
+etcdlock_holders{kind="mutex"} 0
 etcdlock_holders{kind="rwmutex_read"} 0
+etcdlock_holders{kind="rwmutex_write"} 0
+etcdlock_holders{kind="semaphore"} 0
 # HELP etcdlock_lease_renewal_duration_seconds Round trip of the session lease renewals that succeeded.
 # TYPE etcdlock_lease_renewal_duration_seconds histogram
 etcdlock_lease_renewal_duration_seconds_bucket{le="0.1"} 1
@@ -93,10 +97,18 @@ etcdlock_lease_renewal_duration_seconds_count 1
 etcdlock_lease_renewal_failures_total 1
 # HELP etcdlock_sessions_ended_total Sessions ended, by cause.
 # TYPE etcdlock_sessions_ended_total counter
+etcdlock_sessions_ended_total{cause="client_closed"} 0
+etcdlock_sessions_ended_total{cause="closed"} 0
+etcdlock_sessions_ended_total{cause="context_ended"} 0
+etcdlock_sessions_ended_total{cause="lease_gone"} 0
 etcdlock_sessions_ended_total{cause="not_renewed"} 1
 # HELP etcdlock_waiters Acquisitions under way in this process.
 # TYPE etcdlock_waiters gauge
+etcdlock_waiters{kind="election"} 0
+etcdlock_waiters{kind="mutex"} 0
 etcdlock_waiters{kind="rwmutex_read"} 1
+etcdlock_waiters{kind="rwmutex_write"} 0
+etcdlock_waiters{kind="semaphore"} 0
 `
 	if err := testutil.CollectAndCompare(m, strings.NewReader(want)); err != nil {
 		t.Fatal(err)
@@ -110,6 +122,53 @@ etcdlock_waiters{kind="rwmutex_read"} 1
 	}
 }
 
+// TestZeroSeries: before any event, the gauges have a series per kind and
+// the session counter one per cause, at zero, for every kind and cause the
+// library has; the default buckets tell 2ms from 5ms.
+func TestZeroSeries(t *testing.T) {
+	m := etcdlockprom.New(etcdlockprom.Options{})
+	var kinds, causes []string
+	for i := range 64 {
+		if k := etcdlock.Kind(i).String(); !strings.HasPrefix(k, "Kind(") {
+			kinds = append(kinds, k)
+		}
+		if c := etcdlock.SessionEnd(i).String(); !strings.HasPrefix(c, "SessionEnd(") {
+			causes = append(causes, c)
+		}
+	}
+	if len(kinds) != 5 || len(causes) != 5 {
+		t.Fatalf("kinds %v, causes %v: check the lists of etcdlockprom", kinds, causes)
+	}
+	if n := testutil.CollectAndCount(m, "etcdlock_waiters", "etcdlock_holders"); n != 2*len(kinds) {
+		t.Errorf("%d gauge series before any event, want %d", n, 2*len(kinds))
+	}
+	if n := testutil.CollectAndCount(m, "etcdlock_sessions_ended_total"); n != len(causes) {
+		t.Errorf("%d sessions_ended_total series, want %d (%v)", n, len(causes), causes)
+	}
+	h := m.Hooks()
+	lock := etcdlock.LockInfo{Kind: etcdlock.KindMutex, Name: "a"}
+	h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Waited: 3 * time.Millisecond, Outcome: etcdlock.Acquired})
+	want := `
+# HELP etcdlock_acquire_duration_seconds Time from the start of an acquisition (Lock, RLock, Acquire, Campaign, their Try forms) to its outcome.
+# TYPE etcdlock_acquire_duration_seconds histogram
+`
+	var b strings.Builder
+	for _, le := range []string{"0.001", "0.002", "0.004", "0.008", "0.016", "0.032", "0.064", "0.128", "0.256", "0.512", "1.024",
+		"2.048", "4.096", "8.192", "16.384", "32.768", "65.536", "131.072", "262.144", "524.288", "1048.576", "2097.152", "+Inf"} {
+		n := 1
+		if le == "0.001" || le == "0.002" {
+			n = 0 // 3ms: above 2ms (buckets 1ms, 4ms, ... put it with 1.1ms)
+		}
+		fmt.Fprintf(&b, "etcdlock_acquire_duration_seconds_bucket{kind=\"mutex\",outcome=\"acquired\",le=%q} %d\n", le, n)
+	}
+	want += b.String() + `etcdlock_acquire_duration_seconds_sum{kind="mutex",outcome="acquired"} 0.003
+etcdlock_acquire_duration_seconds_count{kind="mutex",outcome="acquired"} 1
+`
+	if err := testutil.CollectAndCompare(m, strings.NewReader(want), "etcdlock_acquire_duration_seconds"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestLockNames: names are a label only when asked for.
 func TestLockNames(t *testing.T) {
 	for _, names := range []bool{false, true} {
@@ -120,7 +179,13 @@ func TestLockNames(t *testing.T) {
 		if names {
 			want += `etcdlock_waiters{kind="mutex",name="jobs/1"} 1` + "\n"
 		} else {
-			want += `etcdlock_waiters{kind="mutex"} 1` + "\n"
+			// Every kind's series, from the start.
+			want += `etcdlock_waiters{kind="election"} 0
+etcdlock_waiters{kind="mutex"} 1
+etcdlock_waiters{kind="rwmutex_read"} 0
+etcdlock_waiters{kind="rwmutex_write"} 0
+etcdlock_waiters{kind="semaphore"} 0
+`
 		}
 		if err := testutil.CollectAndCompare(m, strings.NewReader(want), "etcdlock_waiters"); err != nil {
 			t.Errorf("LockNames %v: %v", names, err)
@@ -140,12 +205,16 @@ func TestNameSeriesDeleted(t *testing.T) {
 		h.AcquireStart(etcdlock.AcquireStartInfo{LockInfo: lock, Wait: true})
 		h.AcquireStart(etcdlock.AcquireStartInfo{LockInfo: lock, Wait: true})
 		h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Outcome: etcdlock.Acquired})
-		if got := testutil.CollectAndCount(m, "etcdlock_waiters", "etcdlock_holders"); got != 2 {
-			t.Fatalf("LockNames %v: %d gauge series with a waiter and a holder, want 2", names, got)
+		series := 2 // the name's waiters and holders
+		if !names {
+			series = 10 // waiters and holders of each of 5 kinds
+		}
+		if got := testutil.CollectAndCount(m, "etcdlock_waiters", "etcdlock_holders"); got != series {
+			t.Fatalf("LockNames %v: %d gauge series with a waiter and a holder, want %d", names, got, series)
 		}
 		h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Outcome: etcdlock.AcquireCanceled})
 		h.HoldDone(etcdlock.HoldDoneInfo{LockInfo: lock, End: etcdlock.Released})
-		want := 2 // waiters and holders of kind mutex, at 0
+		want := 10 // waiters and holders of each kind, at 0
 		if names {
 			want = 0
 		}
