@@ -40,8 +40,9 @@ Leadership lasts as long as etcdlock renews its lease: if etcdlock dies, the
 next candidate leads at most --ttl later. If leadership is lost while CMD
 runs (the key was deleted, or the lease could not be renewed within --ttl),
 CMD gets SIGTERM, then SIGKILL after --grace, and etcdlock exits 6 as soon
-as CMD has exited. Signals, process groups and a candidate that loses its
-place in the queue (it joins again at the back) work as in 'etcdlock run'.
+as CMD has exited. Signals, process groups, CMD's death with a killed
+etcdlock, and a candidate that loses its place in the queue (it joins
+again at the back) work as in 'etcdlock run'.
 
 Elections are those of etcd's concurrency.Election and 'etcdctl elect': the
 key NAME/<lease ID in hex> holds the proposal, and the oldest key leads.

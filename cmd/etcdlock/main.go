@@ -46,6 +46,14 @@
 // the terminal; Ctrl-C then reaches CMD from the terminal itself and etcdlock
 // does not send it a second SIGINT, and a lost lock signals CMD alone.
 //
+// On Linux CMD dies with etcdlock even when etcdlock is killed with SIGKILL,
+// while its lease still bars the next holder: CMD runs under a small
+// supervisor (etcdlock itself, as the hidden command __supervise) that
+// leads CMD's process group and kills the whole group when etcdlock dies;
+// with the terminal as standard input, CMD alone gets SIGKILL. On other
+// systems CMD runs on, and may overlap the next holder once the lease
+// expires.
+//
 // Connection flags are etcdctl's, with its defaults: --endpoints, --user,
 // --password, --cacert, --cert, --key, --insecure-skip-tls-verify,
 // --dial-timeout and --command-timeout, each also read from the matching
@@ -228,6 +236,8 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		return cmdVersion(rest, stdout)
 	case demoHolderCmd:
 		return cmdDemoHolder(rest, stdout)
+	case superviseCmd:
+		return cmdSupervise(rest)
 	case "help", "-h", "-help", "--help":
 		if len(rest) > 0 && rest[0] != "help" {
 			return dispatch([]string{rest[0], "--help"}, stdout, stderr)

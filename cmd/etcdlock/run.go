@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -60,6 +61,8 @@ terminal etcdlock runs in the foreground of, CMD runs in a process group of
 its own, and signals reach its children too. With the terminal as standard
 input, CMD shares etcdlock's process group: Ctrl-C reaches it from the
 terminal (etcdlock sends no second SIGINT), and a lost lock signals CMD only.
+
+` + diesWithParentHelp + `
 
 A waiter that loses its place in the queue does not give up: if its
 session ends (its lease was revoked or expired, or could not be renewed in
@@ -162,6 +165,16 @@ func (r *lockRun) main(cmdArgs []string, try bool, timeout time.Duration, quiet 
 	}
 	return r.runLocked(cmd, grace, stdout)
 }
+
+// diesWithParentHelp tells, in run's and elect's help, what becomes of
+// CMD when etcdlock is killed.
+const diesWithParentHelp = `If etcdlock itself dies without a chance to stop CMD (SIGKILL, the OOM
+killer), CMD dies with it on Linux, while the lease it leaves behind still
+bars the next holder for up to --ttl: CMD runs under a small supervisor
+(etcdlock __supervise) that kills CMD's whole process group with SIGKILL
+when etcdlock dies; with the terminal as standard input, CMD alone gets
+SIGKILL. On other systems CMD runs on, and may overlap the next holder
+once the lease expires.`
 
 // cmdErr explains why CMD cannot be started.
 func cmdErr(name string, err error) error {
@@ -487,16 +500,13 @@ func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer
 		)
 	}
 	group := !interactive()
-	if group {
-		ownGroup(cmd)
-	}
-	if err := cmd.Start(); err != nil {
+	cmdArg0 := cmd.Args[0]
+	cmd = supervised(cmd, group)
+	waitc, err := startLocked(cmd)
+	if err != nil {
 		r.release()
-		return cmdErr(cmd.Args[0], err)
+		return cmdErr(cmdArg0, err)
 	}
-
-	waitc := make(chan error, 1)
-	go func() { waitc <- cmd.Wait() }()
 
 	var lostErr, waitErr error
 	var killc <-chan time.Time
@@ -548,6 +558,31 @@ loop:
 		return fmt.Errorf("wait for %s: %w", cmdName, waitErr)
 	}
 	return exitWith(code)
+}
+
+// startLocked starts c, and returns the channel that gets c.Wait's
+// result once c has exited. c is started and waited for by a goroutine
+// locked to its OS thread: the kernel sends the parent-death signal of
+// supervised when the thread that forked the child exits, not the
+// process, and a thread locked to a goroutine serves no other, so it
+// cannot end while that goroutine waits. The goroutine ends when c has
+// exited.
+func startLocked(c *exec.Cmd) (<-chan error, error) {
+	started, waitc := make(chan error, 1), make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := c.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		waitc <- c.Wait()
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return waitc, nil
 }
 
 // hold keeps the lock until a signal, as 'etcdctl lock NAME' does, after
