@@ -29,6 +29,9 @@
 // queue and exit. A waiter whose session ends, or whose key is deleted,
 // joins the queue again at the back. Without CMD, run prints the key and
 // holds the lock until one of those signals, as 'etcdctl lock NAME' does.
+// With --shared run takes a read lock of an RWMutex on NAME, and with
+// --permits N --of C N permits of a Semaphore of capacity C: such runs
+// hold together, in the one first-come, first-served queue of NAME.
 //
 // elect campaigns in the election NAME, whose keys have the layout of
 // etcd's concurrency.Election and 'etcdctl elect' (the key NAME/<lease ID
@@ -128,6 +131,8 @@ Usage:
   etcdlock demo                               three clients take turns on one lock,
                                               on an embedded etcd: no setup needed
   etcdlock run [flags] NAME -- CMD [ARGS...]  hold the lock NAME while CMD runs
+                                              (--shared: a read lock; --permits N
+                                              --of C: N of a semaphore's C permits)
   etcdlock run [flags] NAME                   hold it until SIGINT or SIGTERM,
                                               printing its key ('etcdctl lock')
   etcdlock elect [flags] NAME [VALUE] -- CMD  lead the election NAME while CMD

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -24,6 +25,16 @@ const runHelp = `Usage: etcdlock run [flags] NAME -- CMD [ARGS...]
 
 Waits for the lock NAME (first come, first served), runs CMD while holding
 it, releases it when CMD exits, and exits with CMD's exit code.
+
+By default the lock is exclusive (a Mutex, or an RWMutex's write lock: one
+holder at a time). With --shared it is a read lock of an RWMutex: runs
+with --shared hold together while no exclusive run holds or waits ahead
+of them. With --permits N --of C it is N permits of a Semaphore of C: runs
+hold together while their permits fit C ('consul lock -n C' is --permits 1
+--of C). All modes share one queue, first come, first served: an
+exclusive run excludes every other, and a waiter waits for those ahead of
+it, even where it would fit (no overtaking). 'etcdlock status' and
+'etcdlock ls' show each key's mode.
 
 Without CMD, as 'etcdctl lock NAME', it prints the lock's key on standard
 output once it holds the lock, and holds it until SIGINT, SIGTERM or SIGHUP;
@@ -89,6 +100,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	try := fset.Bool("try", false, "do not wait: exit 4 if the lock is held or has waiters")
 	durationVar(fset, &grace, "grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
+	shared := fset.Bool("shared", false, "take a read lock (an RWMutex's): hold together with other --shared runs")
+	var permits, capacity int64
+	fset.Int64Var(&permits, "permits", 0, "take `N` permits of a Semaphore (with --of): hold together while the permits fit its capacity")
+	fset.Int64Var(&capacity, "of", 0, "the Semaphore's capacity `C`, in permits (with --permits)")
 	pos, cmdArgs, dashed, err := parseArgs(fset, args, 1, runHelp, stdout)
 	if err != nil {
 		return err
@@ -110,11 +125,40 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	case *try && timeout > 0:
 		return usageErr("run", "--try and --timeout exclude each other")
 	}
+	mode, err := runMode(fset, *shared, permits, capacity)
+	if err != nil {
+		return err
+	}
 	if err := setupConn(fset, &conn, "run"); err != nil {
 		return err
 	}
-	r := &lockRun{conn: &conn, name: pos[0], ttl: ttl, stderr: stderr}
+	r := &lockRun{conn: &conn, name: pos[0], ttl: ttl, stderr: stderr, mode: mode}
 	return r.main(cmdArgs, *try, timeout, *quiet, grace, stdout)
+}
+
+// runMode returns the mode run's flags ask for: exclusive (the zero
+// KeyMode), shared, or permits; a usage error for a combination that
+// means nothing.
+func runMode(fset *flag.FlagSet, shared bool, permits, capacity int64) (etcdlock.KeyMode, error) {
+	given := map[string]bool{}
+	fset.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	switch {
+	case shared && (given["permits"] || given["of"]):
+		return etcdlock.KeyMode{}, usageErr("run", "--shared and --permits/--of exclude each other")
+	case shared:
+		return etcdlock.KeyMode{Shared: true}, nil
+	case given["permits"] && !given["of"]:
+		return etcdlock.KeyMode{}, usageErr("run", "--permits needs --of, the Semaphore's capacity")
+	case given["of"] && !given["permits"]:
+		return etcdlock.KeyMode{}, usageErr("run", "--of needs --permits, how many permits to take")
+	case !given["permits"]:
+		return etcdlock.KeyMode{}, nil
+	case capacity < 1:
+		return etcdlock.KeyMode{}, usageErr("run", "--of must be at least 1, not %d", capacity)
+	case permits < 1 || permits > capacity:
+		return etcdlock.KeyMode{}, usageErr("run", "--permits must be from 1 to --of (%d), not %d", capacity, permits)
+	}
+	return etcdlock.KeyMode{Weight: permits, Capacity: capacity}, nil
 }
 
 // main is what run and elect do once their flags are checked: look CMD
@@ -208,6 +252,9 @@ type lockRun struct {
 	// elect makes the run a candidate of the election name proposing
 	// value, rather than a locker of the lock name.
 	elect *candidacy
+	// mode is what a locker takes: the lock alone (the zero KeyMode), a
+	// read lock (Shared), or permits (Weight of Capacity).
+	mode etcdlock.KeyMode
 
 	s      *etcdlock.Session  // nil between two sessions
 	stopS  context.CancelFunc // ends s's context, after s ended
@@ -235,15 +282,39 @@ type holdable interface {
 }
 
 // newHold returns what the run waits for and holds through session s. A
-// Mutex records who runs it, and when it joined the queue, in the Put that
+// lock records who runs it, and when it joined the queue, in the Put that
 // joins it (etcdlock.WithIdentity): no write of its own. A candidate's
 // value is its proposal, which observers read: it records nothing.
 func (r *lockRun) newHold(s *etcdlock.Session) holdable {
 	if r.elect != nil {
 		return &candidate{Election: etcdlock.NewElection(s, r.name), value: r.elect.value}
 	}
-	return etcdlock.NewMutex(s, r.name, etcdlock.WithIdentity(newRunRecord(r.cmdName)))
+	id := etcdlock.WithIdentity(newRunRecord(r.cmdName))
+	switch {
+	case r.mode.Shared:
+		return reader{etcdlock.NewRWMutex(s, r.name, id)}
+	case r.mode.Weight > 0:
+		return permits{etcdlock.NewSemaphore(s, r.name, r.mode.Capacity, id), r.mode.Weight}
+	}
+	return etcdlock.NewMutex(s, r.name, id)
 }
+
+// A reader is an RWMutex's read lock seen as a lock, for lockRun.
+type reader struct{ *etcdlock.RWMutex }
+
+func (r reader) Lock(ctx context.Context) error    { return r.RLock(ctx) }
+func (r reader) TryLock(ctx context.Context) error { return r.TryRLock(ctx) }
+func (r reader) Unlock(ctx context.Context) error  { return r.RUnlock(ctx) }
+
+// permits are n permits of a Semaphore seen as a lock, for lockRun.
+type permits struct {
+	*etcdlock.Semaphore
+	n int64
+}
+
+func (p permits) Lock(ctx context.Context) error    { return p.Acquire(ctx, p.n) }
+func (p permits) TryLock(ctx context.Context) error { return p.TryAcquire(ctx, p.n) }
+func (p permits) Unlock(ctx context.Context) error  { return p.Release(ctx) }
 
 // what names what the run queues for, for messages: lock "NAME" or
 // election "NAME".
@@ -254,11 +325,17 @@ func (r *lockRun) what() string {
 	return fmt.Sprintf("lock %q", r.name)
 }
 
-// held names what the run holds once it got it: lock "NAME" or leadership
-// of election "NAME".
+// held names what the run holds once it got it: lock "NAME", a read lock
+// of lock "NAME", 2 of 5 permits of lock "NAME", or leadership of election
+// "NAME".
 func (r *lockRun) held() string {
-	if r.elect != nil {
+	switch {
+	case r.elect != nil:
 		return "leadership of " + r.what()
+	case r.mode.Shared:
+		return "a read lock of " + r.what()
+	case r.mode.Weight > 0:
+		return fmt.Sprintf("%d of %d permits of %s", r.mode.Weight, r.mode.Capacity, r.what())
 	}
 	return r.what()
 }

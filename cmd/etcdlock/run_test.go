@@ -38,7 +38,7 @@ func TestHelp(t *testing.T) {
 	r = runProc(t, nil, "help", "demo")
 	require.NotContains(t, r.stdout, "Flags")
 	r = runProc(t, nil, "run", "--help")
-	for _, want := range []string{"Exit codes:", "ETCDLOCK_TOKEN", "ETCD_LOCK_REV", "-grace", "-timeout", "-try", "-ttl", "-endpoints", "ETCDCTL_ENDPOINTS"} {
+	for _, want := range []string{"Exit codes:", "ETCDLOCK_TOKEN", "ETCD_LOCK_REV", "-grace", "-timeout", "-try", "-ttl", "-shared", "-permits", "-of", "-endpoints", "ETCDCTL_ENDPOINTS"} {
 		require.Contains(t, r.stdout, want)
 	}
 }
