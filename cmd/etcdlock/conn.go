@@ -209,6 +209,9 @@ func (c *connFlags) connect(ctx context.Context, probeKey string) (*clientv3.Cli
 	}
 	pctx, cancel := context.WithTimeout(ctx, c.dialTimeout)
 	defer cancel()
+	if probeKey == "" {
+		probeKey = "\x00" // etcd has no empty key (ls "" lists every lock)
+	}
 	if _, err := cli.Get(pctx, probeKey, clientv3.WithCountOnly()); err != nil {
 		cli.Close()
 		return nil, connectErr(where, c.dialTimeout, c.explain(err, "read key", probeKey))
@@ -265,7 +268,8 @@ type readCmd struct {
 }
 
 // parseReadCmd parses args of command, whose one argument argName names
-// (as "lock NAME" or "PREFIX") in usage errors, and applies the
+// (as "lock NAME" or "PREFIX") in usage errors, and may be empty for ls
+// only (every lock), and applies the
 // environment and asks for a password as every command does.
 func parseReadCmd(command, argName, help string, args []string, stdout, stderr io.Writer) (*readCmd, error) {
 	fs := newFlagSet(command)
@@ -278,9 +282,11 @@ func parseReadCmd(command, argName, help string, args []string, stdout, stderr i
 		return nil, err
 	}
 	switch {
+	case len(pos) == 0 && command == "ls":
+		return nil, usageErr(command, "missing %s (\"\" lists every lock)", argName)
 	case len(pos) == 0:
 		return nil, usageErr(command, "missing %s", argName)
-	case pos[0] == "":
+	case pos[0] == "" && command != "ls":
 		return nil, usageErr(command, "empty %s", argName)
 	}
 	if len(rest) > 0 {

@@ -55,9 +55,10 @@ SIGINT, SIGTERM or SIGHUP, and then exits 0:
   leader "VALUE" (key KEY, token TOKEN, revision REV)
   no leader (revision REV)
 VALUE is quoted as in Go (one line whatever it holds). REV is the etcd
-revision the line is true at. With --json each line is a JSON object:
-  {"revision":REV,"leader":true,"key":"KEY","lease":"LEASE","token":TOKEN,"value":"VALUE"}
-  {"revision":REV,"leader":false}
+revision the line is true at. With --json each line is a JSON object,
+with TIME when etcdlock saw it (RFC 3339):
+  {"time":"TIME","revision":REV,"leader":true,"key":"KEY","lease":"LEASE","token":TOKEN,"value":"VALUE"}
+  {"time":"TIME","revision":REV,"leader":false}
 It rides out lost connections and etcd restarts without gaps (lines may lag
 while etcd is out of reach); if observing fails for good (such as
 permission denied), it says why and exits 1.
@@ -154,18 +155,19 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 
 // leaderJSON is one line of elect --listen --json.
 type leaderJSON struct {
-	Revision int64  `json:"revision"` // the etcd revision the line is true at
-	Leader   bool   `json:"leader"`   // false: no leader, and no other field
-	Key      string `json:"key,omitempty"`
-	Lease    string `json:"lease,omitempty"` // hex, as in the key
-	Token    int64  `json:"token,omitempty"` // create revision of the key
-	Value    string `json:"value,omitempty"`
+	Time     time.Time `json:"time"`     // when etcdlock saw it
+	Revision int64     `json:"revision"` // the etcd revision the line is true at
+	Leader   bool      `json:"leader"`   // false: no leader, and no other field
+	Key      string    `json:"key,omitempty"`
+	Lease    string    `json:"lease,omitempty"` // hex, as in the key
+	Token    int64     `json:"token,omitempty"` // create revision of the key
+	Value    string    `json:"value,omitempty"`
 }
 
-// formatLeader is the line elect --listen prints for l.
-func formatLeader(l etcdlock.Leader, asJSON bool) string {
+// formatLeader is the line elect --listen prints for l, seen at now.
+func formatLeader(l etcdlock.Leader, asJSON bool, now time.Time) string {
 	if asJSON {
-		j := leaderJSON{Revision: l.Revision}
+		j := leaderJSON{Time: now, Revision: l.Revision}
 		if l.Key != "" {
 			j.Leader, j.Key, j.Lease, j.Token, j.Value = true, l.Key, fmt.Sprintf("%x", int64(l.Lease)), l.Token, string(l.Value)
 		}
@@ -211,7 +213,7 @@ func listenElection(conn *connFlags, name string, asJSON bool, stdout, stderr io
 			}
 			return fmt.Errorf("observe election %q: %w", name, conn.explain(err, "read the keys with prefix", name+"/"))
 		}
-		if _, err := fmt.Fprintln(stdout, formatLeader(l, asJSON)); err != nil {
+		if _, err := fmt.Fprintln(stdout, formatLeader(l, asJSON, time.Now())); err != nil {
 			return fmt.Errorf("observe election %q: %w", name, err)
 		}
 	}

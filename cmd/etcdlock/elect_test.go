@@ -273,8 +273,9 @@ func TestElectListenJSONInterop(t *testing.T) {
 	p := startProc(t, nil, "elect", "--listen", "--json", ep(), name)
 	var first, second leaderJSON
 	require.NoError(t, json.Unmarshal([]byte(waitLines(t, p.stdout, 1)[0]), &first))
+	require.WithinDuration(t, time.Now(), first.Time, time.Minute, "when etcdlock saw it")
 	require.Equal(t, leaderJSON{
-		Revision: first.Revision, Leader: true, Key: e.Key(),
+		Time: first.Time, Revision: first.Revision, Leader: true, Key: e.Key(),
 		Lease: strconv.FormatInt(int64(s.Lease()), 16), Token: resp.Kvs[0].CreateRevision, Value: "etcd's",
 	}, first)
 	require.GreaterOrEqual(t, first.Revision, resp.Header.Revision)
@@ -282,7 +283,7 @@ func TestElectListenJSONInterop(t *testing.T) {
 	require.NoError(t, e.Resign(t.Context()))
 	line := waitLines(t, p.stdout, 2)[1]
 	require.NoError(t, json.Unmarshal([]byte(line), &second))
-	require.Regexp(t, `^\{"revision":\d+,"leader":false\}$`, line)
+	require.Regexp(t, `^\{"time":"[^"]+","revision":\d+,"leader":false\}$`, line)
 	require.Greater(t, second.Revision, first.Revision)
 
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))

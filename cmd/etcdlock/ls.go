@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,14 +17,17 @@ import (
 
 const lsHelp = `Usage: etcdlock ls [flags] PREFIX
 
-Lists every lock whose name starts with PREFIX, a line each: its name, its
-holder, how long it has held the lock, and how many wait. A key NAME/x (x
+Lists every lock whose name starts with PREFIX ("" for every lock in
+etcd), a line each: its name, its holder, how long it has held the lock,
+and how many wait. A key NAME/x (x
 without "/") belongs to the lock NAME, so a nested lock NAME/sub is listed
 apart from NAME. The locks are read at one etcd revision, page by page.
 
 HOLDER is who the holder says it is (etcdlock run, and programs that use
-etcdlock.WithIdentity, record it in the key's value) or, when it recorded
-nothing (etcdctl lock, etcd's concurrency.Mutex), its key. A lock held by
+etcdlock.WithIdentity, record it in the key's value), an election
+leader's value (etcdlock elect, etcdctl elect) quoted, as value "VALUE",
+or, when it recorded nothing (etcdctl lock, etcd's concurrency.Mutex),
+its key. A lock held by
 several keys (an RWMutex's readers, a Semaphore's permits) shows the oldest
 and how many more.
 
@@ -43,9 +47,15 @@ change touches, in revision order, none skipped:
   TIME  rev REVISION  NAME  STATE  (KEY joined|left|new value, ...)
 
 STATE is "free" or "held by HOLDER for HELD FOR, M waiting". TIME is when
-etcdlock saw the change. With --json each line is a JSON object: a lock of
-ls --json's "locks", with "time", "revision" and "changes". A broken watch
-resumes where it was, as status --watch's does.
+etcdlock saw the change. With --json each line is a JSON object: first
+the state, ls --json's object with "time" (its "locks" may be []); then,
+for each lock a change touches, a lock of its "locks" with "time",
+"revision" and "changes". A broken watch resumes where it was, as status
+--watch's does; if etcd has compacted the history it needed, the state
+is shown again, as at the start.
+
+In JSON, "identity" is a JSON object when the holder recorded one
+(etcdlock run does), else a string.
 
 Exit codes: 0 listed (also when there is no lock), 2 usage, 3 cannot reach
 etcd, 1 other.
@@ -69,9 +79,13 @@ type lsHolderJSON struct {
 	Lease string `json:"lease"` // hex, as in the key
 	Token int64  `json:"token"` // create revision of the key
 	Mode  string `json:"mode"`  // "exclusive", "shared", or a Semaphore's "2 of 5"
-	// What the holder recorded with etcdlock.WithIdentity; absent if
-	// nothing.
-	Identity string `json:"identity,omitempty"`
+	// What the holder recorded with etcdlock.WithIdentity, as a JSON
+	// object when it is one (etcdlock run's record is), else a string;
+	// absent if nothing.
+	Identity identityJSON `json:"identity,omitempty"`
+	// The key's value when it is neither a mode nor a holder's record:
+	// an election leader's proposal, or whatever else the holder put.
+	Value *string `json:"value,omitempty"`
 	// From etcdlock run's record: who it is, and when it joined the queue
 	// by its own clock. HeldSince is set when it got the lock the moment
 	// it joined (etcd's history shows so): then it is QueuedAt.
@@ -96,9 +110,9 @@ func cmdLs(args []string, stdout, stderr io.Writer) error {
 	// readErr says why listing the locks failed.
 	readErr := func(err error) error {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("list locks under %q: no answer from etcd within %v (--command-timeout)", prefix, c.conn.commandTimeout)
+			return fmt.Errorf("list locks%s: no answer from etcd within %v (--command-timeout)", under(prefix), c.conn.commandTimeout)
 		}
-		return fmt.Errorf("list locks under %q: %w", prefix, c.conn.explain(err, "read the keys with prefix", prefix))
+		return fmt.Errorf("list locks%s: %w", under(prefix), c.conn.explain(err, "read the keys with prefix", prefix))
 	}
 	if c.watch {
 		return watchLs(cli, c, stdout, stderr, readErr)
@@ -138,9 +152,12 @@ func readLs(ctx context.Context, cli *clientv3.Client, prefix string, record rec
 func newLsLock(ctx context.Context, cli *clientv3.Client, name string, holders []etcdlock.QueueKey, waiters int, record recordReader) lsLockJSON {
 	j := lsLockJSON{Name: name, Holders: []lsHolderJSON{}, Waiters: waiters}
 	for _, h := range holders {
-		hj := lsHolderJSON{Key: h.Key, Lease: fmt.Sprintf("%x", int64(h.Lease)), Token: h.Token, Mode: h.Mode.String(), Identity: h.Identity}
+		hj := lsHolderJSON{Key: h.Key, Lease: fmt.Sprintf("%x", int64(h.Lease)), Token: h.Token, Mode: h.Mode.String(), Identity: identityJSON(h.Identity)}
 		if rec, ok := record(ctx, cli, name, h); ok {
 			hj.Host, hj.PID, hj.Command, hj.QueuedAt, hj.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
+		} else if len(h.Value) > 0 && h.Identity == "" && h.Mode.Exclusive() {
+			v := string(h.Value)
+			hj.Value = &v
 		}
 		j.Holders = append(j.Holders, hj)
 	}
@@ -149,11 +166,15 @@ func newLsLock(ctx context.Context, cli *clientv3.Client, name string, holders [
 
 // printLs prints ls as a table, a lock a line.
 func printLs(w io.Writer, ls *lsJSON, now time.Time) {
-	if len(ls.Locks) == 0 {
-		fmt.Fprintf(w, "no locks under %q (etcd revision %d)\n", ls.Prefix, ls.Revision)
+	switch len(ls.Locks) {
+	case 0:
+		fmt.Fprintf(w, "no locks%s (etcd revision %d)\n", under(ls.Prefix), ls.Revision)
 		return
+	case 1:
+		fmt.Fprintf(w, "1 lock%s (etcd revision %d)\n", under(ls.Prefix), ls.Revision)
+	default:
+		fmt.Fprintf(w, "%d locks%s (etcd revision %d)\n", len(ls.Locks), under(ls.Prefix), ls.Revision)
 	}
-	fmt.Fprintf(w, "%d locks under %q (etcd revision %d)\n", len(ls.Locks), ls.Prefix, ls.Revision)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tHOLDER\tHELD FOR\tWAITERS")
 	for _, lk := range ls.Locks {
@@ -167,16 +188,52 @@ func printLs(w io.Writer, ls *lsJSON, now time.Time) {
 	tw.Flush()
 }
 
+// under is " under "PREFIX"" for messages about the locks under prefix,
+// and "" for every lock.
+func under(prefix string) string {
+	if prefix == "" {
+		return ""
+	}
+	return fmt.Sprintf(" under %q", prefix)
+}
+
 // holderText names a holder: run's record, another identity on one line,
-// or the key.
+// an election leader's value, or the key.
 func (h lsHolderJSON) holderText() string {
 	switch {
 	case h.QueuedAt != nil || h.HeldSince != nil:
 		return runRecord{Host: h.Host, PID: h.PID, Command: h.Command}.who()
 	case h.Identity != "":
-		return strings.Join(strings.Fields(h.Identity), " ")
+		return strings.Join(strings.Fields(string(h.Identity)), " ")
+	case h.Value != nil:
+		return "value " + strconv.Quote(*h.Value)
 	}
 	return h.Key
+}
+
+// identityJSON is a holder's identity in JSON: a JSON object as it is,
+// when it is one, so that scripts read its fields directly; else a
+// string.
+type identityJSON string
+
+func (id identityJSON) MarshalJSON() ([]byte, error) {
+	if s := strings.TrimSpace(string(id)); strings.HasPrefix(s, "{") && json.Valid([]byte(s)) {
+		return []byte(s), nil // json.Marshal compacts it to one line
+	}
+	return json.Marshal(string(id))
+}
+
+func (id *identityJSON) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*id = identityJSON(s)
+		return nil
+	}
+	if !json.Valid(b) {
+		return errors.New("identity is neither a string nor JSON")
+	}
+	*id = identityJSON(b)
+	return nil
 }
 
 // heldFor is the HELD FOR column: the time since the hold began, "<=" the
@@ -191,10 +248,17 @@ func (h lsHolderJSON) heldFor(now time.Time) string {
 	return "?"
 }
 
-// lsWatchJSON is a line of ls --watch --json: a lock after a change, when
-// etcdlock saw it, and what the change was (none for the locks listed
-// first, and after etcd compacted the history the watch needed). A lock
-// that became free has no holders and no waiters.
+// lsStateJSON is the first line of ls --watch --json, and the line after
+// etcd compacted the history the watch needed: every lock, as ls --json
+// shows them, and when etcdlock read them.
+type lsStateJSON struct {
+	Time time.Time `json:"time"`
+	lsJSON
+}
+
+// lsWatchJSON is a line of ls --watch --json after the first: a lock after
+// a change, when etcdlock saw it, and what the change was. A lock that
+// became free has no holders and no waiters.
 type lsWatchJSON struct {
 	Time     time.Time   `json:"time"`
 	Revision int64       `json:"revision"`
@@ -241,7 +305,7 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 	}
 	var f *follower
 	f = &follower{
-		cli: cli, prefix: prefix, what: fmt.Sprintf("locks under %q", prefix), stderr: stderr,
+		cli: cli, prefix: prefix, what: "locks" + under(prefix), stderr: stderr,
 		oneRevision: !tty,
 		// resync shows every lock as it is now: redrawn on a terminal,
 		// else a line each.
@@ -257,10 +321,17 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 			case tty:
 				var b strings.Builder
 				printLs(&b, ls, time.Now())
-				frame(stdout, "etcdlock ls "+prefix+" --watch", b.String())
+				arg := prefix
+				if arg == "" {
+					arg = `""`
+				}
+				frame(stdout, "etcdlock ls "+arg+" --watch", b.String())
 				return ls.Revision, nil
-			case len(ls.Locks) == 0 && !c.json:
-				fmt.Fprintf(stdout, "%s  rev %d  no locks under %q\n", time.Now().Format(stampLayout), ls.Revision, prefix)
+			case c.json:
+				json.NewEncoder(stdout).Encode(lsStateJSON{Time: time.Now(), lsJSON: *ls})
+				return ls.Revision, nil
+			case len(ls.Locks) == 0:
+				fmt.Fprintf(stdout, "%s  rev %d  no locks%s\n", time.Now().Format(stampLayout), ls.Revision, under(prefix))
 			}
 			for _, lk := range ls.Locks {
 				line(ls.Revision, lk, nil)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,7 +30,62 @@ func TestLsEmpty(t *testing.T) {
 
 	r = runProc(t, nil, "ls", ep())
 	require.Equal(t, exitUsage, r.code)
-	require.Contains(t, r.stderr, "missing PREFIX")
+	requireOneLineError(t, r, `missing PREFIX ("" lists every lock)`)
+}
+
+// ls "" lists every lock in etcd; one lock is "1 lock".
+func TestLsEverything(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	m, _ := holdLock(t, cli, name)
+
+	r := runProc(t, nil, "ls", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^1 lock under "`+regexp.QuoteMeta(name)+`" \(etcd revision \d+\)\n`, r.stdout)
+
+	r = runProc(t, nil, "ls", ep(), "")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^\d+ locks? \(etcd revision \d+\)\n`, r.stdout)
+	require.Regexp(t, `(?m)^`+regexp.QuoteMeta(name)+` +`+regexp.QuoteMeta(m.Key())+` +\? +0$`, r.stdout)
+	r = runProc(t, nil, "ls", "--json", ep(), "")
+	require.Equal(t, 0, r.code, r.stderr)
+	var ls lsJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ls))
+	require.Equal(t, "", ls.Prefix)
+	require.True(t, slices.ContainsFunc(ls.Locks, func(l lsLockJSON) bool { return l.Name == name }), r.stdout)
+}
+
+// ls shows an election leader by its value, and an identity that is a
+// JSON object as one in JSON.
+func TestLsElectionAndIdentity(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	pfx := lockName(t) + "/"
+	e := etcdlock.NewElection(newSession(t, cli), pfx+"election")
+	require.NoError(t, e.Campaign(t.Context(), "primary at 10.0.0.7:8080"))
+	require.NoError(t, identityMutex(t, cli, pfx+"object", `{"service": "billing", "shard": 7}`).Lock(t.Context()))
+	require.NoError(t, identityMutex(t, cli, pfx+"text", `42 workers`).Lock(t.Context()))
+
+	r := runProc(t, nil, "ls", ep(), pfx)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `(?m)^`+regexp.QuoteMeta(pfx)+`election +value "primary at 10\.0\.0\.7:8080" +\? +0$`, r.stdout)
+
+	r = runProc(t, nil, "ls", "--json", ep(), pfx)
+	require.Equal(t, 0, r.code, r.stderr)
+	var raw struct {
+		Locks []struct {
+			Holders []map[string]any
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &raw))
+	require.Len(t, raw.Locks, 3)
+	require.Equal(t, "primary at 10.0.0.7:8080", raw.Locks[0].Holders[0]["value"])
+	require.Equal(t, map[string]any{"service": "billing", "shard": float64(7)}, raw.Locks[1].Holders[0]["identity"])
+	require.Equal(t, "42 workers", raw.Locks[2].Holders[0]["identity"])
+	var ls lsJSON // and it reads back
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ls))
+	require.JSONEq(t, `{"service": "billing", "shard": 7}`, string(ls.Locks[1].Holders[0].Identity))
 }
 
 // identityMutex takes lock name with identity, through a session of its
@@ -121,7 +177,11 @@ func TestLs(t *testing.T) {
 	require.NotNil(t, h.QueuedAt)
 	require.NotNil(t, h.HeldSince)
 	require.Equal(t, *h.QueuedAt, *h.HeldSince)
-	require.Equal(t, "billing worker 7\nsecond line", ls.Locks[1].Holders[0].Identity)
+	require.Equal(t, identityJSON("billing worker 7\nsecond line"), ls.Locks[1].Holders[0].Identity)
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &raw))
+	id := raw["locks"].([]any)[0].(map[string]any)["holders"].([]any)[0].(map[string]any)["identity"]
+	require.Equal(t, "backup", id.(map[string]any)["command"], "run's record, an object")
 	require.Nil(t, ls.Locks[2].Holders[0].QueuedAt)
 	require.Nil(t, ls.Locks[2].Holders[0].HeldSince)
 	require.Len(t, ls.Locks[4].Holders, 2)

@@ -144,17 +144,29 @@ func TestLsWatch(t *testing.T) {
 	require.Len(t, lines, 4, p.stdout.String())
 	requireRevisionsRise(t, lines[1:])
 
-	// --json: a lock of ls --json's, with the time, revision and changes.
+	// --json: first the state, ls --json's with the time; then a lock of
+	// its, with the time, revision and changes.
 	p = startProc(t, nil, "ls", "--watch", "--json", ep(), pfx)
-	var l lsWatchJSON
-	require.NoError(t, json.Unmarshal([]byte(p.stdout.waitLine(t, 0)), &l))
-	require.Equal(t, pfx+"a/sub", l.Name, "locks by name; a is free")
-	require.Equal(t, []keyChange{}, l.Changes)
+	var st lsStateJSON
+	require.NoError(t, json.Unmarshal([]byte(p.stdout.waitLine(t, 0)), &st))
+	require.Equal(t, pfx, st.Prefix)
+	require.WithinDuration(t, time.Now(), st.Time, time.Minute)
+	require.Len(t, st.Locks, 2)
+	require.Equal(t, pfx+"a/sub", st.Locks[0].Name, "locks by name; a is free")
+	require.Equal(t, pfx+"b", st.Locks[1].Name)
 	require.NoError(t, sub.Unlock(ctx))
-	require.NoError(t, json.Unmarshal([]byte(p.stdout.waitLine(t, 2)), &l))
+	var l lsWatchJSON
+	require.NoError(t, json.Unmarshal([]byte(p.stdout.waitLine(t, 1)), &l))
 	require.Equal(t, pfx+"a/sub", l.Name)
+	require.Greater(t, l.Revision, st.Revision)
 	require.Empty(t, l.Holders)
 	require.Equal(t, []keyChange{{Key: sub.Key(), Change: "left"}}, l.Changes)
+	stopWatch(t, p)
+
+	// No lock under the prefix: the state says so, as the text does.
+	p = startProc(t, nil, "ls", "--watch", "--json", ep(), pfx+"none/")
+	line := p.stdout.waitLine(t, 0)
+	require.Regexp(t, `^\{"time":"[^"]+","prefix":"`+regexp.QuoteMeta(pfx)+`none/","revision":\d+,"locks":\[\]\}$`, line)
 	stopWatch(t, p)
 }
 
