@@ -49,8 +49,8 @@ Connection flags are etcdctl's, with its defaults. Each flag not given is
 read from its environment variable: ETCDCTL_ENDPOINTS, ETCDCTL_USER,
 ETCDCTL_PASSWORD, ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY,
 ETCDCTL_INSECURE_SKIP_TLS_VERIFY, ETCDCTL_DIAL_TIMEOUT,
-ETCDCTL_COMMAND_TIMEOUT. Durations take a unit (10s, 1m30s) or are whole
-seconds (10).
+ETCDCTL_COMMAND_TIMEOUT. Durations take a unit (10s, 1m30s) or are
+seconds (10, 1.5).
 `
 
 func (c *connFlags) register(fs *flag.FlagSet) {

@@ -388,7 +388,7 @@ func TestProgressTerminal(t *testing.T) {
 	wt.unlock(t)
 }
 
-// Durations take a unit or, as etcdctl's --ttl, are whole seconds.
+// Durations take a unit or, as etcdctl's --ttl, are seconds.
 func TestDurationFlag(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
@@ -400,7 +400,11 @@ func TestDurationFlag(t *testing.T) {
 		{"-5", -5 * time.Second, false}, // the command says why it is wrong
 		{"1m30s", 90 * time.Second, false},
 		{"250ms", 250 * time.Millisecond, false},
-		{"1.5", 0, true},
+		{"1.5", 1500 * time.Millisecond, false},
+		{"0.25", 250 * time.Millisecond, false},
+		{"1.", 0, true},
+		{".5", 0, true},
+		{"1e3", 0, true},
 		{"soon", 0, true},
 		{"", 0, true},
 		{"10000000000", 0, true}, // more seconds than a Duration holds
@@ -431,6 +435,15 @@ func TestBareSeconds(t *testing.T) {
 	require.NotNil(t, st.Holder)
 	require.NotNil(t, st.Holder.LeaseTTL)
 	require.Equal(t, int64(7), *st.Holder.LeaseTTL)
+
+	// A fraction of a second: the library rounds the lease's TTL up.
+	h := startProc(t, nil, "run", "--ttl", "1.5", ep(), name+"-fraction")
+	key := h.stdout.waitFor(t, name+"-fraction/")
+	ttl, err := cli.TimeToLive(t.Context(), leaseOf(t, key))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, ttl.GrantedTTL)
+	require.NoError(t, h.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, h.wait(t), h.stderr.String())
 
 	r = runProc(t, []string{"ETCDCTL_DIAL_TIMEOUT=30"}, "run", "--timeout", "1", ep(), name, "--", "true")
 	require.Equal(t, exitTimeout, r.code, r.stderr)

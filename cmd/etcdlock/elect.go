@@ -99,7 +99,7 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	var conn connFlags
 	conn.register(fset)
 	var ttl, grace time.Duration
-	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`: if etcdlock dies, the next candidate leads at most this long after")
+	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`, rounded up to whole seconds (etcd's unit): if etcdlock dies, the next candidate leads at most this long after")
 	durationVar(fset, &grace, "grace", 10*time.Second, "after losing leadership, wait this `duration` between SIGTERM and SIGKILL to CMD")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
 	listen := fset.Bool("listen", false, "do not campaign: print the leader and every change")

@@ -62,7 +62,8 @@
 // --dial-timeout and --command-timeout, each also read from the matching
 // ETCDCTL_* environment variable when the flag is not given. A --user
 // without a password is asked for it when standard input is a terminal.
-// Durations may be whole seconds, as etcdctl's --ttl: --ttl 10.
+// Durations may be bare seconds, as etcdctl's --ttl: --ttl 10, --ttl 1.5
+// (a lease TTL rounds up to whole seconds, as etcd counts them).
 //
 // Exit codes:
 //
@@ -91,6 +92,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -237,7 +239,7 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		return cmdStatus(rest, stdout, stderr)
 	case "ls":
 		return cmdLs(rest, stdout, stderr)
-	case "version":
+	case "version", "--version", "-version":
 		return cmdVersion(rest, stdout)
 	case demoHolderCmd:
 		return cmdDemoHolder(rest, stdout)
@@ -320,8 +322,8 @@ func printHelp(fs *flag.FlagSet, help string, w io.Writer) {
 	fs.SetOutput(io.Discard)
 }
 
-// durationFlag is a flag.Value for a duration that also takes a bare whole
-// number of seconds, as etcdctl's --ttl does: "10" is 10s.
+// durationFlag is a flag.Value for a duration that also takes a bare
+// number of seconds, as etcdctl's --ttl does: "10" is 10s, "1.5" 1.5s.
 type durationFlag time.Duration
 
 // durationVar defines a durationFlag flag that stores into p.
@@ -340,13 +342,19 @@ func (d *durationFlag) Set(s string) error {
 		*d = durationFlag(time.Duration(n) * time.Second)
 		return nil
 	}
+	if secondsFraction.MatchString(s) {
+		s += "s" // 1.5 is 1.5s
+	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return errors.New("not a duration such as 10s or 1m30s, nor a whole number of seconds")
+		return errors.New("not a duration such as 10s or 1m30s, nor a number of seconds such as 10 or 1.5")
 	}
 	*d = durationFlag(v)
 	return nil
 }
+
+// secondsFraction matches a number of seconds with a fraction: 1.5, -0.25.
+var secondsFraction = regexp.MustCompile(`^-?[0-9]+\.[0-9]+$`)
 
 // fmtDur formats d for people: milliseconds below a second, tenths of a
 // second below a minute.

@@ -95,7 +95,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	var conn connFlags
 	conn.register(fset)
 	var ttl, timeout, grace time.Duration
-	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`: if etcdlock dies, the lock passes on at most this long after")
+	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`, rounded up to whole seconds (etcd's unit): if etcdlock dies, the lock passes on at most this long after")
 	durationVar(fset, &timeout, "timeout", 0, "give up waiting after this `duration`, counted from the first join, and exit 5 (0: wait for ever)")
 	try := fset.Bool("try", false, "do not wait: exit 4 if the lock is held or has waiters")
 	durationVar(fset, &grace, "grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
@@ -522,7 +522,8 @@ func (r *lockRun) restartSession(ctx context.Context) error {
 }
 
 // describeHolder names the holder of the lock, and how many wait, for a
-// message; "" if that cannot be read within --command-timeout.
+// message: who the holder says it is (etcdlock run's host and pid), with
+// its key and token; "" if that cannot be read within --command-timeout.
 func (r *lockRun) describeHolder() string {
 	ctx, cancel := context.WithTimeout(context.Background(), r.conn.commandTimeout)
 	defer cancel()
@@ -530,9 +531,24 @@ func (r *lockRun) describeHolder() string {
 	if err != nil || len(q.Keys) == 0 {
 		return ""
 	}
-	h := q.Keys[0]
-	s := fmt.Sprintf(" by %s (token %d)", h.Key, h.Token)
-	if n := len(q.Keys) - 1; n > 0 {
+	holders := q.Holders()
+	if len(holders) == 0 {
+		return "" // released since the try
+	}
+	h := holders[0]
+	s := " by "
+	switch rec, ok := parseRunRecord(h.Identity); {
+	case ok:
+		s += rec.who() + fmt.Sprintf(" (key %s, token %d)", h.Key, h.Token)
+	case h.Identity != "":
+		s += strconv.Quote(h.Identity) + fmt.Sprintf(" (key %s, token %d)", h.Key, h.Token)
+	default:
+		s += fmt.Sprintf("%s (token %d)", h.Key, h.Token)
+	}
+	if n := len(holders) - 1; n > 0 {
+		s += fmt.Sprintf(" and %d more", n)
+	}
+	if n := len(q.Waiters()); n > 0 {
 		s += fmt.Sprintf(", %d waiting", n)
 	}
 	return s

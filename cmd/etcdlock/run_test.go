@@ -3,9 +3,12 @@
 package main
 
 import (
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -43,9 +46,10 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// version reports etcdlock's module version ("devel" for the test's build
-// from the checkout), Go's, and the etcd client's, as the build recorded
-// them: the test binary is built from the same module.
+// version reports etcdlock's module version as the build of the binary
+// recorded it ('go version -m' reads the same record: "(devel)" is
+// "devel", and a build in a git checkout records a pseudo-version), Go's,
+// and the etcd client's: the test binary is built from the same module.
 func TestVersion(t *testing.T) {
 	t.Parallel()
 	bi, ok := debug.ReadBuildInfo()
@@ -57,10 +61,22 @@ func TestVersion(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, client)
-	r := runProc(t, nil, "version")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Empty(t, r.stderr)
-	require.Equal(t, "etcdlock version: devel\nGo version: "+runtime.Version()+"\netcd client version: "+client+"\n", r.stdout)
+	out, err := exec.Command("go", "version", "-m", bin).Output()
+	require.NoError(t, err)
+	mod := regexp.MustCompile(`(?m)^\tmod\t\S+\t(\S+)`).FindStringSubmatch(string(out))
+	require.NotNil(t, mod, "go version -m:\n%s", out)
+	want := mod[1]
+	if want == "(devel)" {
+		want = "devel"
+	} else {
+		require.Regexp(t, `^v\d+\.\d+\.\d+`, want)
+	}
+	for _, arg := range []string{"version", "--version", "-version"} {
+		r := runProc(t, nil, arg)
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Empty(t, r.stderr)
+		require.Equal(t, "etcdlock version: "+want+"\nGo version: "+runtime.Version()+"\netcd client version: "+client+"\n", r.stdout, arg)
+	}
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -293,6 +309,17 @@ func TestTry(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Equal(t, "ran\n", r.stdout)
 	require.Empty(t, queueKeys(t, cli, name))
+
+	// A holder that etcdlock run started is named by its record: the
+	// host and pid to look at, then its key.
+	p := startProc(t, nil, "run", ep(), name, "--", "sh", "-c", `echo "in $ETCDLOCK_KEY $ETCDLOCK_TOKEN"; cat >/dev/null`)
+	f := strings.Fields(p.stdout.waitFor(t, "in "))
+	host, _ := os.Hostname()
+	r = runProc(t, nil, "run", "--try", ep(), name, "--", "echo", "ran")
+	require.Equal(t, exitHeld, r.code)
+	requireOneLineError(t, r, fmt.Sprintf("is held by etcdlock run sh, pid %d on %s (key %s, token %s)\n", p.cmd.Process.Pid, host, f[1], f[2]))
+	p.stdin.Close()
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
 }
 
 func TestTimeout(t *testing.T) {

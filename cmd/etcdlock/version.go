@@ -11,9 +11,12 @@ import (
 
 const versionHelp = `Usage: etcdlock version
 
-Prints the version of etcdlock ("devel" when built from a checkout rather
-than installed with 'go install ...@VERSION'), of Go it was built with, and
-of the etcd client it talks to etcd with.
+Prints the version of etcdlock, of Go it was built with, and of the etcd
+client it talks to etcd with. etcdlock's version is the one the build
+recorded: the release for 'go install ...@VERSION'; for a build in a git
+checkout, a pseudo-version of its commit (v0.0.0-YYYYMMDDHHMMSS-COMMIT,
+with "+dirty" when files were changed since); "devel" when the build
+recorded none (go build -buildvcs=false, a git worktree, or no checkout).
 `
 
 // etcdClientModule is the module whose version 'etcdlock version' reports
@@ -35,8 +38,8 @@ func cmdVersion(args []string, stdout io.Writer) error {
 }
 
 // buildVersions returns the versions of etcdlock's module and of the etcd
-// client module it was built with, as the build recorded them. A build from
-// a checkout records none for etcdlock ("devel"); without a record of the
+// client module it was built with, as the build recorded them. A build
+// that recorded no version for etcdlock says "devel"; without a record of the
 // client, the etcd API version compiled in stands for it (etcd releases
 // the two together).
 func buildVersions() (mod, client string) {
