@@ -7,9 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
@@ -98,6 +101,11 @@ func (c *connFlags) endpointList() []string {
 func (c *connFlags) check() error {
 	if len(c.endpointList()) == 0 {
 		return errors.New("no etcd endpoints given")
+	}
+	for _, ep := range c.endpointList() {
+		if _, err := parseEndpoint(ep); err != nil {
+			return err
+		}
 	}
 	if c.dialTimeout <= 0 {
 		return fmt.Errorf("--dial-timeout must be positive, not %v", c.dialTimeout)
@@ -205,7 +213,7 @@ func (c *connFlags) connect(ctx context.Context, probeKey string) (*clientv3.Cli
 	where := strings.Join(cfg.Endpoints, ",")
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, connectErr(where, c.dialTimeout, err)
+		return nil, connectErr(where, c.dialTimeout, err, "")
 	}
 	pctx, cancel := context.WithTimeout(ctx, c.dialTimeout)
 	defer cancel()
@@ -214,9 +222,134 @@ func (c *connFlags) connect(ctx context.Context, probeKey string) (*clientv3.Cli
 	}
 	if _, err := cli.Get(pctx, probeKey, clientv3.WithCountOnly()); err != nil {
 		cli.Close()
-		return nil, connectErr(where, c.dialTimeout, c.explain(err, "read key", probeKey))
+		why := ""
+		if errors.Is(err, context.DeadlineExceeded) {
+			// etcd's client retries until the deadline and keeps no
+			// cause: find out what stops it, within another dial timeout.
+			dctx, cancel := context.WithTimeout(ctx, c.dialTimeout)
+			defer cancel()
+			why = whyUnreachable(dctx, cfg.Endpoints, cfg.TLS)
+		}
+		return nil, connectErr(where, c.dialTimeout, c.explain(err, "read key", probeKey), why)
 	}
 	return cli, nil
+}
+
+// An etcdEndpoint is where etcd's client dials one of --endpoints.
+type etcdEndpoint struct {
+	network string // "tcp" or "unix"
+	addr    string // host:port, or a socket's path
+	tls     bool   // TLS is required (https://, unixs:); else used if configured
+	plain   bool   // TLS is never used (http://, unix:)
+}
+
+// parseEndpoint reads an endpoint as etcd's client does: host:port, or a
+// URL of scheme http, https, unix or unixs. Anything else is an error for
+// the usage message: the client would fail on it only after the dial
+// timeout, as if etcd were out of reach.
+func parseEndpoint(ep string) (etcdEndpoint, error) {
+	bad := func(why string) (etcdEndpoint, error) {
+		return etcdEndpoint{}, fmt.Errorf("--endpoints: %q is not an etcd endpoint (%s): give host:port or a URL such as https://host:port", ep, why)
+	}
+	if strings.ContainsFunc(ep, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return bad("it holds a space or a control character")
+	}
+	for _, unix := range []string{"unixs:", "unix:"} {
+		if path, ok := strings.CutPrefix(ep, unix); ok {
+			path = strings.TrimPrefix(path, "//")
+			if path == "" {
+				return bad("no socket path")
+			}
+			return etcdEndpoint{network: "unix", addr: path, tls: unix == "unixs:", plain: unix == "unix:"}, nil
+		}
+	}
+	if scheme, _, ok := strings.Cut(ep, "://"); ok {
+		if scheme != "http" && scheme != "https" {
+			return bad(fmt.Sprintf("scheme %q: etcd's client knows http, https, unix and unixs", scheme))
+		}
+		u, err := url.Parse(ep)
+		if err != nil || u.Host == "" {
+			return bad("no host")
+		}
+		addr := u.Host
+		if u.Port() == "" {
+			addr = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[scheme])
+		}
+		return etcdEndpoint{network: "tcp", addr: addr, tls: scheme == "https", plain: scheme == "http"}, nil
+	}
+	if host, port, err := net.SplitHostPort(ep); err != nil || host == "" || port == "" {
+		return bad("no host:port")
+	}
+	return etcdEndpoint{network: "tcp", addr: ep}, nil
+}
+
+// whyUnreachable retraces, step by step, how etcd's client reaches each
+// endpoint (look its host up, connect, shake hands with TLS where it is
+// used, with tlsCfg) until ctx ends, and tells what failed at each, such
+// as: host "notahost" not found. It returns "" when every step succeeded
+// or timed out: then etcd itself did not answer in time.
+func whyUnreachable(ctx context.Context, eps []string, tlsCfg *tls.Config) string {
+	var whys []string
+	for _, s := range eps {
+		ep, err := parseEndpoint(s)
+		if err != nil {
+			continue // checked before the dial
+		}
+		if why := ep.whyUnreachable(ctx, tlsCfg); why != "" {
+			whys = append(whys, why)
+		}
+	}
+	return strings.Join(whys, "; ")
+}
+
+func (ep etcdEndpoint) whyUnreachable(ctx context.Context, tlsCfg *tls.Config) string {
+	host := ep.addr
+	if ep.network == "tcp" {
+		host, _, _ = net.SplitHostPort(ep.addr)
+		if net.ParseIP(host) == nil {
+			if _, err := net.DefaultResolver.LookupHost(ctx, host); err != nil {
+				var dnsErr *net.DNSError
+				switch {
+				case ctx.Err() != nil:
+					return ""
+				case errors.As(err, &dnsErr) && dnsErr.IsNotFound:
+					return fmt.Sprintf("host %q not found", host)
+				}
+				return fmt.Sprintf("cannot look up host %q: %v", host, err)
+			}
+		}
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, ep.network, ep.addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ""
+		}
+		var sysErr *os.SyscallError
+		if errors.As(err, &sysErr) {
+			err = sysErr.Err // "connection refused"
+		}
+		return fmt.Sprintf("cannot connect to %s: %v", ep.addr, err)
+	}
+	defer conn.Close()
+	if ep.plain || (!ep.tls && tlsCfg == nil) {
+		return ""
+	}
+	cfg := &tls.Config{}
+	if tlsCfg != nil {
+		cfg = tlsCfg.Clone()
+	}
+	if cfg.ServerName == "" && ep.network == "tcp" {
+		cfg.ServerName = host
+	}
+	tc := tls.Client(conn, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ""
+		}
+		return fmt.Sprintf("TLS handshake with %s failed: %v", ep.addr, err)
+	}
+	return ""
 }
 
 // clientConfig returns the client configuration; it fails if the TLS
@@ -251,9 +384,14 @@ func (c *connFlags) clientConfig() (clientv3.Config, error) {
 	return cfg, nil
 }
 
-func connectErr(where string, timeout time.Duration, err error) error {
+// connectErr tells why etcd at where could not be used: err, or when
+// that is the dial timeout, why (from whyUnreachable) if known.
+func connectErr(where string, timeout time.Duration, err error, why string) error {
 	if errors.Is(err, context.DeadlineExceeded) {
-		return failf(exitConnect, "cannot reach etcd at %s within %v (--dial-timeout)", where, timeout)
+		if why != "" {
+			why = ": " + why
+		}
+		return failf(exitConnect, "cannot reach etcd at %s within %v (--dial-timeout)%s", where, timeout, why)
 	}
 	return failf(exitConnect, "cannot use etcd at %s: %v", where, err)
 }

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -166,6 +167,46 @@ func TestUnreachable(t *testing.T) {
 			// 1s, and room for a loaded machine; not the 15s of a TTL.
 			require.Less(t, r.elapsed, 10*time.Second)
 		}
+	}
+}
+
+// Where the cause can be found, the message names it: a plain-HTTP etcd
+// asked for TLS, a host name that does not resolve, a refused connection.
+// An endpoint that is not one is a usage error, before any dial.
+func TestUnreachableSaysWhy(t *testing.T) {
+	t.Parallel()
+	host := strings.TrimPrefix(endpoint, "http://")
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refused := closed.Addr().String()
+	closed.Close()
+	for _, tc := range []struct{ ep, want string }{
+		{"https://" + host, "TLS handshake with " + host + " failed: "},
+		{"notahost.invalid:2379", `host "notahost.invalid" not found`},
+		{refused, "cannot connect to " + refused + ": connection refused"},
+	} {
+		if strings.HasPrefix(tc.ep, "notahost") {
+			// Only where name servers answer that it does not exist.
+			_, err := net.DefaultResolver.LookupHost(t.Context(), "notahost.invalid")
+			if dnsErr := (*net.DNSError)(nil); !errors.As(err, &dnsErr) || !dnsErr.IsNotFound {
+				t.Logf("skipped %s: no name server says it does not exist (%v)", tc.ep, err)
+				continue
+			}
+		}
+		r := runProc(t, nil, "status", "--endpoints", tc.ep, "--dial-timeout", "1s", "n")
+		require.Equal(t, exitConnect, r.code, "%s: %s", tc.ep, r.stderr)
+		requireOneLineError(t, r, "cannot reach etcd at "+tc.ep+" within 1s (--dial-timeout): "+tc.want)
+	}
+	for _, tc := range []struct{ ep, want string }{
+		{"bogus url", "it holds a space"},
+		{"ftp://h:1", `scheme "ftp"`},
+		{"hostonly", "no host:port"},
+		{"https://", "no host"},
+		{"unix://", "no socket path"},
+	} {
+		r := runProc(t, nil, "status", "--endpoints", "127.0.0.1:2379,"+tc.ep, "n")
+		require.Equal(t, exitUsage, r.code, "%s: %s", tc.ep, r.stderr)
+		requireOneLineError(t, r, fmt.Sprintf("--endpoints: %q is not an etcd endpoint (%s", tc.ep, tc.want))
 	}
 }
 
