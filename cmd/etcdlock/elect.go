@@ -62,6 +62,7 @@ with TIME when etcdlock saw it (RFC 3339):
 It rides out lost connections and etcd restarts without gaps (lines may lag
 while etcd is out of reach); if observing fails for good (such as
 permission denied), it says why and exits 1.
+` + livenessHelp + `
 ` + connHelp + "\n" + exitCodesHelp
 
 // A candidacy is what an 'etcdlock elect' campaigns with.
@@ -206,6 +207,8 @@ func listenElection(conn *connFlags, name string, asJSON bool, stdout, stderr io
 		}
 	}()
 	defer func() { cancel(); <-stopped }()
+	live := startLiveness(cli, name+"/", conn.commandTimeout, stderr)
+	defer live.stop()
 	for l, err := range etcdlock.ObserveLeader(ctx, cli, name) {
 		if err != nil {
 			if ctx.Err() != nil {

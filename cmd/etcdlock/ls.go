@@ -50,9 +50,10 @@ STATE is "free" or "held by HOLDER for HELD FOR, M waiting". TIME is when
 etcdlock saw the change. With --json each line is a JSON object: first
 the state, ls --json's object with "time" (its "locks" may be []); then,
 for each lock a change touches, a lock of its "locks" with "time",
-"revision" and "changes". A broken watch resumes where it was, as status
---watch's does; if etcd has compacted the history it needed, the state
-is shown again, as at the start.
+"revision" and "changes". A broken watch resumes where it was, and etcd
+not answering is said on stderr, as with status --watch; if etcd has
+compacted the history it needed, the state is shown again, as at the
+start.
 
 In JSON, "identity" is a JSON object when the holder recorded one
 (etcdlock run does), else a string.
@@ -306,7 +307,7 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 	var f *follower
 	f = &follower{
 		cli: cli, prefix: prefix, what: "locks" + under(prefix), stderr: stderr,
-		oneRevision: !tty,
+		timeout: c.conn.commandTimeout, oneRevision: !tty,
 		// resync shows every lock as it is now: redrawn on a terminal,
 		// else a line each.
 		resync: func(ctx context.Context) (int64, error) {

@@ -51,9 +51,10 @@ STATE is "free" or "held by KEY (token N, ...), M waiting". TIME is when
 etcdlock saw the change. A key that "left" unlocked, gave up waiting, or
 went with its lease: etcd does not say which. With --json, each line is a
 JSON object: status --json's fields, "time" and "changes". If the watch
-breaks (etcd unreachable), status says so on stderr and resumes where it
-was; if etcd has compacted the history it needed, it says so and shows the
-queue as it is now.
+breaks (no leader), status says so on stderr, once, resumes where it was,
+and says when it watches again; if etcd has compacted the history it
+needed, it says so and shows the queue as it is now.
+` + livenessHelp + `
 
 Exit codes: 0 shown (held or free), 2 usage, 3 cannot reach etcd, 1 other.
 ` + connHelp
@@ -439,7 +440,7 @@ func watchStatus(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, rea
 	var f *follower
 	f = &follower{
 		cli: cli, prefix: name + "/", what: fmt.Sprintf("lock %q", name), stderr: stderr,
-		oneRevision: !tty,
+		timeout: c.conn.commandTimeout, oneRevision: !tty,
 		// resync shows the queue as it is now, with the holders' leases.
 		resync: func(ctx context.Context) (int64, error) {
 			st, err := read(ctx, etcdlock.HolderLeasesOnly())

@@ -37,6 +37,8 @@ type follower struct {
 	prefix string    // the keys watched: NAME/ for status, PREFIX for ls
 	what   string    // names them for people: lock "NAME", locks under "PREFIX"
 	stderr io.Writer // where breaks are told
+	// timeout is --command-timeout: etcd not answering within it is told.
+	timeout time.Duration
 	// oneRevision makes change see each revision's events apart (the
 	// plain output shows every state); else change gets each watch
 	// response's events together (the terminal redraws the latest state).
@@ -48,15 +50,23 @@ type follower struct {
 	// change shows what evs (events of revisions up to rev, oldest first)
 	// changed.
 	change func(ctx context.Context, rev int64, evs []*clientv3.Event) error
+
+	// broken is what the last break of the watch said, until a watch is
+	// created again; "" while the watch works.
+	broken string
 }
 
 // run shows everything, then every change until ctx ends; it returns
-// resync's error if the first read fails, and nil when ctx ends.
+// resync's error if the first read fails, and nil when ctx ends. While it
+// runs, a liveness check says when etcd stops answering, and when it
+// answers again.
 func (f *follower) run(ctx context.Context) error {
 	rev, err := f.resync(ctx)
 	if err != nil {
 		return err
 	}
+	l := startLiveness(f.cli, f.prefix, f.timeout, f.stderr)
+	defer l.stop()
 	for {
 		rev, err = f.follow(ctx, rev)
 		if ctx.Err() != nil {
@@ -65,7 +75,12 @@ func (f *follower) run(ctx context.Context) error {
 		if err == nil {
 			continue // read afresh after a compaction: watch on at once
 		}
-		fmt.Fprintf(f.stderr, "etcdlock: watching %s: %s; resuming after revision %d\n", f.what, detail(err), rev)
+		// A break that lasts (no leader) says so once, not at every
+		// try, and follow says when the watch is back.
+		if msg := detail(err); msg != f.broken {
+			fmt.Fprintf(f.stderr, "etcdlock: watching %s: %s; resuming after revision %d\n", f.what, msg, rev)
+			f.broken = msg
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -79,7 +94,7 @@ func (f *follower) run(ctx context.Context) error {
 func (f *follower) follow(ctx context.Context, rev int64) (int64, error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := f.cli.Watch(wctx, f.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	wch := f.cli.Watch(wctx, f.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithCreatedNotify())
 	for {
 		var resp clientv3.WatchResponse
 		var ok bool
@@ -102,6 +117,12 @@ func (f *follower) follow(ctx context.Context, rev int64) (int64, error) {
 			return r, nil
 		case resp.Err() != nil:
 			return rev, resp.Err()
+		case resp.Created:
+			if f.broken != "" {
+				fmt.Fprintf(f.stderr, "etcdlock: watching %s again after revision %d\n", f.what, rev)
+				f.broken = ""
+			}
+			continue
 		case resp.IsProgressNotify() || len(resp.Events) == 0:
 			continue
 		}
