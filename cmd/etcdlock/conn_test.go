@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -439,7 +440,9 @@ func TestBareSeconds(t *testing.T) {
 	// A fraction of a second: the library rounds the lease's TTL up.
 	h := startProc(t, nil, "run", "--ttl", "1.5", ep(), name+"-fraction")
 	key := h.stdout.waitFor(t, name+"-fraction/")
-	ttl, err := cli.TimeToLive(t.Context(), leaseOf(t, key))
+	lease, err := strconv.ParseInt(strings.TrimPrefix(key, name+"-fraction/"), 16, 64)
+	require.NoError(t, err)
+	ttl, err := cli.TimeToLive(t.Context(), clientv3.LeaseID(lease))
 	require.NoError(t, err)
 	require.EqualValues(t, 2, ttl.GrantedTTL)
 	require.NoError(t, h.cmd.Process.Signal(syscall.SIGTERM))

@@ -97,7 +97,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	var ttl, timeout, grace time.Duration
 	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`, rounded up to whole seconds (etcd's unit): if etcdlock dies, the lock passes on at most this long after")
 	durationVar(fset, &timeout, "timeout", 0, "give up waiting after this `duration`, counted from the first join, and exit 5 (0: wait for ever)")
-	try := fset.Bool("try", false, "do not wait: exit 4 if the lock is held or has waiters")
+	try := fset.Bool("try", false, "do not wait: exit 4 if the lock cannot be taken at once (it is held, or has waiters)")
 	durationVar(fset, &grace, "grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
 	shared := fset.Bool("shared", false, "take a read lock (an RWMutex's): hold together with other --shared runs")
