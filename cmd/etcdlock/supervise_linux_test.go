@@ -1,12 +1,16 @@
 package main
 
 import (
+	"errors"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -63,4 +67,50 @@ func TestKilledRunTakesCmdAlong(t *testing.T) {
 		require.True(t, ok, "stat line %q", line)
 		require.True(t, strings.HasPrefix(rest, "Z "), "pid %d still ran when the next holder's CMD started:\n%s", pid, out)
 	}
+}
+
+// With the terminal as standard input, CMD shares etcdlock's process group
+// (to use the terminal), and a SIGKILLed etcdlock takes CMD alone along.
+// etcdlock leads the terminal's session here, so its death also sends
+// SIGHUP to the group: CMD ignores it, and only the parent-death signal
+// can end it. A FIFO tells when CMD is gone: its read end sees EOF once
+// its only writer, CMD, has died.
+func TestKilledRunOnTerminalTakesCmdAlong(t *testing.T) {
+	t.Parallel()
+	term, tty := openPTY(t)
+	out := readPTY(term)
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	// Opened now, so that CMD's open for writing does not block; read
+	// only once CMD holds it open.
+	r, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close() })
+
+	cmd := exec.Command(bin, "run", "--quiet", ep(), lockName(t), "--", "sh", "-c",
+		`trap "" HUP; exec 3>"$F"; echo "ready $$"; exec sleep 1000`)
+	cmd.Env = append(cleanEnv(), "ETCDCTL_DIAL_TIMEOUT=30s", "F="+fifo)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+	// A session of its own with the terminal as its controlling one:
+	// etcdlock is in the terminal's foreground, as in a shell.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+
+	s := out.waitFor(t, 0, "ready line", func(s string) bool { return strings.Contains(s, "\n") && strings.Contains(s, "ready ") })
+	f := strings.Fields(s[strings.Index(s, "ready "):])
+	pid, err := strconv.Atoi(f[1])
+	require.NoError(t, err, s)
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) }) // if the test failed
+	require.NoError(t, cmd.Process.Kill())
+	<-exited
+
+	require.NoError(t, r.SetReadDeadline(time.Now().Add(procTimeout)))
+	_, err = r.Read(make([]byte, 1))
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("CMD (pid %d) still runs %v after etcdlock was killed", pid, procTimeout)
+	}
+	require.ErrorIs(t, err, io.EOF)
 }
