@@ -487,7 +487,10 @@ sh -c 'echo "child ready"; exec sleep 30' &
 echo "started $ETCDLOCK_KEY"
 wait
 `)
-	p := startProc(t, nil, "run", "--ttl", "1s", ep(), name, "--", script)
+	// TTL 3s: at 1s a loaded machine could lose the lease before CMD
+	// had started (renewals every 333ms, given up at 900ms), and the test
+	// is of a pause, which it makes as long as the lease needs.
+	p := startProc(t, nil, "run", "--ttl", "3s", ep(), name, "--", script)
 	key := strings.Fields(p.stdout.waitFor(t, "started"))[1]
 	p.stdout.waitFor(t, "child ready")
 
