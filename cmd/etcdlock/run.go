@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/etcdlock/etcdlock"
@@ -116,6 +117,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("run", "missing lock NAME before \"--\"")
 	case pos[0] == "":
 		return usageErr("run", "empty lock NAME")
+	case badName(pos[0]):
+		return usageErr("run", "lock NAME %q ends in \"/\" or contains \"//\": it would not be the lock it reads as", pos[0])
 	case ttl < etcdlock.MinTTL:
 		return usageErr("run", "--ttl must be at least %v, not %v", etcdlock.MinTTL, ttl)
 	case timeout < 0:
@@ -702,4 +705,12 @@ func (r *lockRun) hold(stdout io.Writer) error {
 		fmt.Fprintf(r.stderr, "etcdlock: release %s: %s; revoking the session's lease instead\n", r.held(), detail(err))
 	}
 	return nil
+}
+
+// badName reports a name the library refuses to queue under
+// (etcdlock.ErrInvalidName): one that ends in "/" or contains "//", whose
+// keys would stand apart from those of the name it reads as ("tr/" queues
+// under "tr//"). Checked before connecting, as usage: exit 2.
+func badName(name string) bool {
+	return strings.HasSuffix(name, "/") || strings.Contains(name, "//")
 }
