@@ -194,45 +194,6 @@ var goTestFlags = strings.Fields(`run bench benchtime benchmem count cpu failfas
 	cpuprofile memprofile blockprofile mutexprofile trace outputdir c o exec tags ldflags gcflags
 	mod modfile p x n work a trimpath buildvcs`)
 
-// shellWords splits a shell command line into words: quotes are removed,
-// "$(...)" and variables are kept as written, and a word starting with #
-// ends the line.
-func shellWords(line string) []string {
-	var (
-		words []string
-		cur   strings.Builder
-		in    bool // a word is under way
-		quote rune
-	)
-	for _, r := range line {
-		switch {
-		case quote != 0:
-			if r == quote {
-				quote = 0
-			} else {
-				cur.WriteRune(r)
-			}
-		case r == '\'' || r == '"':
-			quote, in = r, true
-		case r == ' ' || r == '\t':
-			if in {
-				words = append(words, cur.String())
-				cur.Reset()
-				in = false
-			}
-		case r == '#' && !in:
-			return words
-		default:
-			cur.WriteRune(r)
-			in = true
-		}
-	}
-	if in {
-		words = append(words, cur.String())
-	}
-	return words
-}
-
 // shellCommands returns the simple commands of a shell block, each as its
 // words: lines joined where they end in \, split at && || ; and |.
 func shellCommands(text []string) [][]string {
@@ -241,7 +202,7 @@ func shellCommands(text []string) [][]string {
 	joined = strings.ReplaceAll(joined, "\\\n", " ")
 	for _, line := range strings.Split(joined, "\n") {
 		var cmd []string
-		for _, w := range shellWords(line) {
+		for _, w := range etcdtest.ShellWords(line) {
 			if w == "&&" || w == "||" || w == ";" || w == "|" {
 				if len(cmd) > 0 {
 					cmds = append(cmds, cmd)
@@ -422,7 +383,7 @@ func TestDocsReadmeCommands(t *testing.T) {
 	i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, `step "README test command"`) })
 	require.GreaterOrEqual(t, i, 0, ".ci/run has no step \"README test command\"")
 	require.Less(t, i+1, len(lines))
-	ciTest := slices.DeleteFunc(shellWords(lines[i+1]), func(w string) bool { return w == "-count=1" })
+	ciTest := slices.DeleteFunc(etcdtest.ShellWords(lines[i+1]), func(w string) bool { return w == "-count=1" })
 	require.Equal(t, readmeTest, ciTest, ".ci/run's README test command is not the README's")
 }
 

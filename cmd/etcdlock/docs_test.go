@@ -6,10 +6,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -45,7 +45,7 @@ func TestDocsCommands(t *testing.T) {
 	for _, page := range pages {
 		for _, l := range commandLines(t, page) {
 			checked++
-			words := docWords(l.text)
+			words := etcdtest.ShellWords(l.text)
 			sub := ""
 			for _, w := range words {
 				if !strings.HasPrefix(w, "-") {
@@ -132,42 +132,4 @@ func commandLines(t *testing.T, page string) []docLine {
 	}
 	require.NoError(t, sc.Err())
 	return lines
-}
-
-// docWords splits a documented command line into words: a # comment and
-// a pipe end it, quotes are removed.
-func docWords(s string) []string {
-	var (
-		words []string
-		cur   strings.Builder
-		in    bool
-		quote rune
-	)
-	for _, r := range s {
-		switch {
-		case quote != 0:
-			if r == quote {
-				quote = 0
-			} else {
-				cur.WriteRune(r)
-			}
-		case r == '\'' || r == '"':
-			quote, in = r, true
-		case r == ' ' || r == '\t':
-			if in {
-				words = append(words, cur.String())
-				cur.Reset()
-				in = false
-			}
-		case (r == '#' || r == '|') && !in:
-			return words
-		default:
-			cur.WriteRune(r)
-			in = true
-		}
-	}
-	if in {
-		words = append(words, cur.String())
-	}
-	return slices.Clip(words)
 }
