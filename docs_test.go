@@ -6,6 +6,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -125,12 +126,7 @@ func checkedBodies(t *testing.T, dirs ...string) map[string][]string {
 // excerptOf returns the name of a body that has block's lines as a run of
 // its own, or "".
 func excerptOf(block []string, bodies map[string][]string) string {
-	names := make([]string, 0, len(bodies))
-	for name := range bodies {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(bodies)) {
 		body := bodies[name]
 		for i := 0; i+len(block) <= len(body); i++ {
 			if slices.Equal(body[i:i+len(block)], block) {
