@@ -21,7 +21,7 @@ func ExampleElection_Campaign() {
 	}
 	defer cli.Close()
 
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(ctx, cli)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func ExampleObserveLeader() {
 	}
 	defer cli.Close()
 
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(ctx, cli)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func ExampleWithHooks() {
 	}
 	defer cli.Close()
 
-	s, err := etcdlock.NewSession(cli, etcdlock.WithHooks(etcdlock.Hooks{
+	s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithHooks(etcdlock.Hooks{
 		AcquireDone: func(i etcdlock.AcquireDoneInfo) {
 			fmt.Printf("%s %s: %s\n", i.Kind, i.Name, i.Outcome) // and i.Waited
 		},
@@ -66,7 +66,7 @@ func ExampleWithLogger() {
 			return a
 		},
 	}))
-	s, err := etcdlock.NewSession(cli, etcdlock.WithLogger(logger))
+	s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithLogger(logger))
 	if err != nil {
 		log.Fatal(err)
 	}

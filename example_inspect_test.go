@@ -18,7 +18,7 @@ func ExampleInspectLock() {
 		log.Fatal(err)
 	}
 	defer cli.Close()
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(ctx, cli)
 	if err != nil {
 		log.Fatal(err)
 	}

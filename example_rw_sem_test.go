@@ -12,10 +12,10 @@ import (
 
 // sessions returns n sessions on cli, for the examples: one per holder,
 // as in n processes.
-func sessions(cli *clientv3.Client, n int) []*etcdlock.Session {
+func sessions(ctx context.Context, cli *clientv3.Client, n int) []*etcdlock.Session {
 	ss := make([]*etcdlock.Session, n)
 	for i := range ss {
-		s, err := etcdlock.NewSession(cli)
+		s, err := etcdlock.NewSession(ctx, cli)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -33,7 +33,7 @@ func ExampleRWMutex_RLock() {
 		log.Fatal(err)
 	}
 	defer cli.Close()
-	ss := sessions(cli, 3)
+	ss := sessions(ctx, cli, 3)
 	for _, s := range ss {
 		defer s.Close()
 	}
@@ -75,7 +75,7 @@ func ExampleRWMutex_Lock() {
 		log.Fatal(err)
 	}
 	defer cli.Close()
-	ss := sessions(cli, 2)
+	ss := sessions(ctx, cli, 2)
 	for _, s := range ss {
 		defer s.Close()
 	}
@@ -110,7 +110,7 @@ func ExampleSemaphore_Acquire() {
 		log.Fatal(err)
 	}
 	defer cli.Close()
-	ss := sessions(cli, 3)
+	ss := sessions(ctx, cli, 3)
 	for _, s := range ss {
 		defer s.Close()
 	}
@@ -146,7 +146,7 @@ func ExampleSemaphore_Do() {
 		log.Fatal(err)
 	}
 	defer cli.Close()
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(ctx, cli)
 	if err != nil {
 		log.Fatal(err)
 	}

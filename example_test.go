@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"sync"
+	"time"
 
 	"github.com/etcdlock/etcdlock"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,7 +22,11 @@ func ExampleMutex_Lock() {
 	}
 	defer cli.Close()
 
-	s, err := etcdlock.NewSession(cli)
+	// NewSession waits for etcd as Lock does: its ctx bounds the start.
+	// The session lives on after that ctx ends, until Close.
+	start, cancel := context.WithTimeout(ctx, 10*time.Second)
+	s, err := etcdlock.NewSession(start, cli)
+	cancel()
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -52,12 +57,12 @@ func ExampleMutex_TryLock() {
 	}
 	defer cli.Close()
 
-	s1, err := etcdlock.NewSession(cli)
+	s1, err := etcdlock.NewSession(ctx, cli)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer s1.Close()
-	s2, err := etcdlock.NewSession(cli)
+	s2, err := etcdlock.NewSession(ctx, cli)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -96,7 +101,7 @@ func ExampleMutex_IsOwner() {
 		log.Fatal(err)
 	}
 	defer cli.Close()
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(ctx, cli)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -154,12 +159,12 @@ func ExampleMutex_Token() {
 		log.Fatal(err)
 	}
 	defer cli.Close()
-	s1, err := etcdlock.NewSession(cli)
+	s1, err := etcdlock.NewSession(ctx, cli)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer s1.Close()
-	s2, err := etcdlock.NewSession(cli)
+	s2, err := etcdlock.NewSession(ctx, cli)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -202,7 +207,7 @@ func ExampleMutex_Do() {
 		log.Fatal(err)
 	}
 	defer cli.Close()
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(ctx, cli)
 	if err != nil {
 		log.Fatal(err)
 	}

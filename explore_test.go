@@ -371,14 +371,16 @@ func exploreRunName(k *exploreKind, c *etcdtest.Cluster) string {
 // newSession gives a a new session and a new lock on it (after its
 // session ended, or at the start).
 func (a *actor) newSession() {
-	// NewSession returns etcd's error: an injected fault can hit its
-	// Grant, and on three members another schedule's leader move can
-	// drop it. The actor tries again, a few times now, then at its next
-	// operation.
+	// NewSession rides out the errors that pass, and returns the others:
+	// an injected fault can hit its Grant. The actor tries again, a few
+	// times now, then at its next operation.
 	var s *etcdlock.Session
 	var err error
 	for try := range 5 {
-		if s, err = etcdlock.NewSession(a.cli, etcdlock.WithTTL(5*time.Second)); err == nil {
+		ctx, cancel := context.WithTimeout(a.x.ctx, 10*time.Second)
+		s, err = etcdlock.NewSession(ctx, a.cli, etcdlock.WithTTL(5*time.Second))
+		cancel()
+		if err == nil {
 			break
 		}
 		a.x.logf("  a%d: NewSession: %v", a.id, err)
@@ -464,7 +466,9 @@ func (x *schedule) adopt(step int, a *actor, d draws) {
 		x.logf("step %d: a%d: (no live lease to adopt)", step, a.id)
 		return
 	}
-	s, err := etcdlock.NewSession(a.cli, etcdlock.WithLease(bs.Lease()))
+	ctx, cancel := context.WithTimeout(x.ctx, 10*time.Second)
+	s, err := etcdlock.NewSession(ctx, a.cli, etcdlock.WithLease(bs.Lease()))
+	cancel()
 	x.logf("step %d: a%d: NewSession(WithLease(a%d's %x)): %v", step, a.id, b.id, int64(bs.Lease()), err)
 	if err == nil {
 		x.violation("a%d made a second live session on a%d's lease %x", a.id, b.id, int64(bs.Lease()))

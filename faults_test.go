@@ -1001,7 +1001,7 @@ func TestHelperProcess(t *testing.T) {
 	})
 	require.NoError(t, err)
 	defer cli.Close()
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(2*time.Second))
+	s, err := etcdlock.NewSession(t.Context(), cli, etcdlock.WithTTL(2*time.Second))
 	require.NoError(t, err)
 	defer s.Close()
 	holder := map[string]newLocker{"": mutexL, "mutex": mutexL, "rw-write": writeL, "rw-read": readL, "sem": semL(2, 2)}[os.Getenv(helperPrimitiveEnv)]

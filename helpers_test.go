@@ -27,7 +27,7 @@ func newClient(t *testing.T, c ...*etcdtest.Cluster) *clientv3.Client {
 // newSession returns a session on cli, closed at the end of the test.
 func newSession(t *testing.T, cli *clientv3.Client, opts ...etcdlock.SessionOption) *etcdlock.Session {
 	t.Helper()
-	s, err := etcdlock.NewSession(cli, opts...)
+	s, err := etcdlock.NewSession(t.Context(), cli, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s
@@ -38,7 +38,7 @@ func newSession(t *testing.T, cli *clientv3.Client, opts ...etcdlock.SessionOpti
 // lease, and Close would try for as long as its TTL.
 func cutSession(t *testing.T, cli *clientv3.Client, opts ...etcdlock.SessionOption) *etcdlock.Session {
 	t.Helper()
-	s, err := etcdlock.NewSession(cli, opts...)
+	s, err := etcdlock.NewSession(t.Context(), cli, opts...)
 	require.NoError(t, err)
 	t.Cleanup(s.Orphan)
 	return s

@@ -473,7 +473,7 @@ func TestHooksSessionEnd(t *testing.T) {
 			log := slog.New(slog.NewJSONHandler(&logs, nil))
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(aliveTTL), etcdlock.WithContext(ctx),
+			s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithTTL(aliveTTL), etcdlock.WithContext(ctx),
 				etcdlock.WithHooks(rec.hooks()), etcdlock.WithLogger(log))
 			require.NoError(t, err)
 			defer s.Close()
@@ -552,7 +552,7 @@ func TestHooksElectionLoss(t *testing.T) {
 func TestLoggerQuiet(t *testing.T) {
 	var logs lockedBuffer
 	log := slog.New(slog.NewJSONHandler(&logs, nil))
-	s, err := etcdlock.NewSession(newClient(t), etcdlock.WithLogger(log))
+	s, err := etcdlock.NewSession(t.Context(), newClient(t), etcdlock.WithLogger(log))
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, lockName(t))
 	for range 3 {
@@ -607,7 +607,7 @@ func BenchmarkHooks(b *testing.B) {
 		{"hooks", []etcdlock.SessionOption{etcdlock.WithHooks(count)}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			s, err := etcdlock.NewSession(cluster.Client(b), c.opts...)
+			s, err := etcdlock.NewSession(b.Context(), cluster.Client(b), c.opts...)
 			require.NoError(b, err)
 			defer s.Close()
 			m := etcdlock.NewMutex(s, "bench/hooks/"+c.name)

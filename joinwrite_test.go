@@ -225,7 +225,7 @@ func TestJoinWriteSessionEndsMidWrite(t *testing.T) {
 			t.Parallel()
 			var in etcdtest.Injector
 			cli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
-			s, err := etcdlock.NewSession(cli)
+			s, err := etcdlock.NewSession(t.Context(), cli)
 			require.NoError(t, err)
 			defer s.Close()
 			m := etcdlock.NewMutex(s, lockName(t))

@@ -207,8 +207,8 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 	// never answered (its lease, granted that late, would have little
 	// life left anyway), and Lead tries again after a backoff.
 	gctx, cancelGrant := context.WithTimeout(ctx, o.ttl)
-	sopts := append(o.session[:len(o.session):len(o.session)], WithContext(context.WithoutCancel(ctx)), withRPCContext(gctx))
-	s, err := NewSession(cli, sopts...)
+	sopts := append(o.session[:len(o.session):len(o.session)], WithContext(context.WithoutCancel(ctx)))
+	s, err := NewSession(gctx, cli, sopts...)
 	cancelGrant()
 	if err != nil {
 		return leadAgain(ctx, cli, err)

@@ -77,7 +77,7 @@ func TestNoWarnings(t *testing.T) {
 	cfg := clientv3.Config{Logger: zap.New(core)}
 	cli, wcli := cluster.Client(t, cfg), cluster.Client(t, cfg)
 	name := lockName(t)
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, name)
 
@@ -125,7 +125,7 @@ func TestNoWarnings(t *testing.T) {
 	}
 	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
 	require.NoError(t, s.Close())
-	s2, err := etcdlock.NewSession(cli)
+	s2, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	_, err = newClient(t).Revoke(t.Context(), s2.Lease())
 	require.NoError(t, err)
@@ -587,18 +587,21 @@ func TestTryLock(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	cli := newClient(t)
 
-	_, err := etcdlock.NewSession(nil)
+	_, err := etcdlock.NewSession(t.Context(), nil)
+	require.ErrorIs(t, err, etcdlock.ErrInvalidOption)
+	//nolint:staticcheck // a nil context is the bad input under test
+	_, err = etcdlock.NewSession(nil, cli)
 	require.ErrorIs(t, err, etcdlock.ErrInvalidOption)
 	for _, ttl := range []time.Duration{0, -time.Second, 500 * time.Millisecond} {
-		_, err := etcdlock.NewSession(cli, etcdlock.WithTTL(ttl))
+		_, err := etcdlock.NewSession(t.Context(), cli, etcdlock.WithTTL(ttl))
 		require.ErrorIs(t, err, etcdlock.ErrInvalidOption, "TTL %v", ttl)
 	}
-	_, err = etcdlock.NewSession(cli, etcdlock.WithLease(0))
+	_, err = etcdlock.NewSession(t.Context(), cli, etcdlock.WithLease(0))
 	require.ErrorIs(t, err, etcdlock.ErrInvalidOption)
-	_, err = etcdlock.NewSession(cli, etcdlock.WithLease(0x7eadbeef))
+	_, err = etcdlock.NewSession(t.Context(), cli, etcdlock.WithLease(0x7eadbeef))
 	require.ErrorIs(t, err, etcdlock.ErrSessionExpired)
 	//nolint:staticcheck // a nil context is the bad input under test
-	_, err = etcdlock.NewSession(cli, etcdlock.WithContext(nil))
+	_, err = etcdlock.NewSession(t.Context(), cli, etcdlock.WithContext(nil))
 	require.ErrorIs(t, err, etcdlock.ErrInvalidOption)
 
 	s := newSession(t, cli, etcdlock.WithTTL(2500*time.Millisecond))

@@ -21,7 +21,6 @@ type sessionOptions struct {
 	ttl    time.Duration
 	lease  clientv3.LeaseID
 	ctx    context.Context
-	rpcCtx context.Context // bounds NewSession's RPCs instead of ctx when set (withRPCContext)
 	hooks  Hooks
 	logger *slog.Logger
 }
@@ -78,27 +77,17 @@ func WithLease(id clientv3.LeaseID) SessionOption {
 	}
 }
 
-// WithContext sets a context that bounds the session: NewSession's RPCs use
-// it, and when it is cancelled the session stops renewing its lease and
-// ends (Done is closed; the lease is left to expire, as with Orphan).
-// Default context.Background().
+// WithContext sets a context that bounds the session's life: when it ends,
+// the session stops renewing its lease and ends (Done is closed; the lease
+// is left to expire, as with Orphan). It bounds NewSession's start too,
+// beside NewSession's ctx, which bounds only the start. Default
+// context.Background().
 func WithContext(ctx context.Context) SessionOption {
 	return func(o *sessionOptions) error {
 		if ctx == nil {
 			return errorf("%w: nil context", ErrInvalidOption)
 		}
 		o.ctx = ctx
-		return nil
-	}
-}
-
-// withRPCContext makes NewSession's RPCs use ctx instead of the
-// WithContext context, which then bounds only the session's life: Lead
-// bounds each Grant by its ctx and a timeout, while the session lives on
-// until Lead has resigned.
-func withRPCContext(ctx context.Context) SessionOption {
-	return func(o *sessionOptions) error {
-		o.rpcCtx = ctx
 		return nil
 	}
 }

@@ -141,7 +141,19 @@ type nameLock struct {
 // NewSession grants a lease (or adopts one, see WithLease) and starts
 // keeping it alive. The keepalive goroutine ends with Close, Orphan, the
 // WithContext context, the client's Close, or the end of the lease.
-func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
+//
+// ctx bounds the start alone. NewSession waits for etcd as Lock does: it
+// sends its requests again after errors that pass (no leader, a leader
+// change, no member in reach) until etcd answers, an error that does not
+// pass comes, or ctx ends; then its error matches ctx's. Once NewSession
+// has returned, the end of ctx does not touch the session, as with
+// net.Dialer's DialContext: WithContext bounds the session's life. A grant
+// whose answer was lost on the way leaves a lease that nothing uses; etcd
+// drops it a TTL later.
+func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
+	if ctx == nil {
+		return nil, errorf("%w: nil context", ErrInvalidOption)
+	}
 	if cli == nil {
 		return nil, errorf("%w: nil client", ErrInvalidOption)
 	}
@@ -151,49 +163,9 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 			return nil, err
 		}
 	}
-
-	rctx := o.ctx
-	if o.rpcCtx != nil {
-		rctx = o.rpcCtx
-	}
-	sent := time.Now()
-	id, ttl, left := o.lease, time.Duration(0), time.Duration(0)
-	var lk leaseKey
-	if id == 0 {
-		resp, err := cli.Grant(rctx, ttlSeconds(o.ttl))
-		if err != nil {
-			return nil, errorf("grant lease: %w", err)
-		}
-		id, ttl, left = resp.ID, time.Duration(resp.TTL)*time.Second, time.Duration(resp.TTL)*time.Second
-		lk = leaseKey{resp.ResponseHeader.GetClusterId(), id}
-		claimLease(lk) // new: no Session has it
-	} else {
-		resp, err := cli.TimeToLive(rctx, id)
-		if err != nil {
-			return nil, errorf("look up lease %x: %w", id, err)
-		}
-		if resp.TTL < 0 { // -1: no such lease; 0 is a live lease with under 1s left
-			return nil, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
-		}
-		lk = leaseKey{resp.ResponseHeader.GetClusterId(), id}
-		if !claimLease(lk) {
-			return nil, errorf("%w: lease %x is in use by another Session of this process", ErrInvalidOption, id)
-		}
-		ttl = time.Duration(resp.GrantedTTL) * time.Second
-		// Renew at once: the lease may have little time left, less than
-		// the first renewal interval.
-		sent = time.Now()
-		ka, err := cli.KeepAliveOnce(rctx, id)
-		if err != nil {
-			releaseLease(lk)
-		}
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return nil, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
-		}
-		if err != nil {
-			return nil, errorf("renew lease %x: %w", id, err)
-		}
-		left = time.Duration(ka.TTL) * time.Second
+	st, err := startLease(ctx, cli, &o)
+	if err != nil {
+		return nil, err
 	}
 
 	// The session ends when the client is closed, as etcd's does: a
@@ -208,13 +180,13 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 		watchCtx:  metadata.NewOutgoingContext(endCtx, requireLeaderMD),
 		cli:       cli,
 		keeper:    acquireKeeper(cli),
-		id:        id,
-		leaseKey:  lk,
-		ttl:       ttl,
+		id:        st.id,
+		leaseKey:  st.key,
+		ttl:       st.ttl,
 		donec:     make(chan struct{}),
 		stop:      func() { stop(nil) },
 		loopDone:  make(chan struct{}),
-		deadline:  sent.Add(left),
+		deadline:  st.deadline,
 		names:     make(map[string]nameLock),
 		ev:        newReporter(o.hooks, o.logger),
 	}
@@ -222,6 +194,106 @@ func NewSession(cli *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	s.releaser = newReleaser(s)
 	go s.keepAlive(ctx, unwatch)
 	return s, nil
+}
+
+// A startedLease is the lease NewSession starts a Session with.
+type startedLease struct {
+	id       clientv3.LeaseID
+	key      leaseKey      // claimed (claimLease) for the new Session
+	ttl      time.Duration // granted
+	deadline time.Time     // the lease lives at least until then
+}
+
+// startLease grants the session's lease, or checks and renews the one
+// WithLease adopts, within ctx and the session's own context.
+func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (startedLease, error) {
+	// The session's context bounds the start too: a session whose
+	// context has ended would end at once.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(o.ctx, cancel)()
+	defer context.AfterFunc(cli.Ctx(), cancel)()
+	started := func(err error) error {
+		return startErr(ctx, o.ctx, cli, err)
+	}
+
+	if o.lease == 0 {
+		sent := time.Now()
+		resp, err := untilAnswered(ctx, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+			return cli.Grant(ctx, ttlSeconds(o.ttl))
+		})
+		if err != nil {
+			return startedLease{}, errorf("grant lease: %w", started(err))
+		}
+		ttl := time.Duration(resp.TTL) * time.Second
+		lk := leaseKey{resp.ResponseHeader.GetClusterId(), resp.ID}
+		claimLease(lk) // new: no Session has it
+		return startedLease{resp.ID, lk, ttl, sent.Add(ttl)}, nil
+	}
+
+	id := o.lease
+	resp, err := untilAnswered(ctx, func(ctx context.Context) (*clientv3.LeaseTimeToLiveResponse, error) {
+		return cli.TimeToLive(ctx, id)
+	})
+	if err != nil {
+		return startedLease{}, errorf("look up lease %x: %w", id, started(err))
+	}
+	if resp.TTL < 0 { // -1: no such lease; 0 is a live lease with under 1s left
+		return startedLease{}, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
+	}
+	lk := leaseKey{resp.ResponseHeader.GetClusterId(), id}
+	if !claimLease(lk) {
+		return startedLease{}, errorf("%w: lease %x is in use by another Session of this process", ErrInvalidOption, id)
+	}
+	// Renew at once: the lease may have little time left, less than the
+	// first renewal interval. Its life counts from each attempt's send.
+	var sent time.Time
+	ka, err := untilAnswered(ctx, func(ctx context.Context) (*clientv3.LeaseKeepAliveResponse, error) {
+		sent = time.Now()
+		return cli.KeepAliveOnce(ctx, id)
+	})
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		releaseLease(lk)
+		return startedLease{}, errorf("%w: lease %x does not exist", ErrSessionExpired, id)
+	case err != nil:
+		releaseLease(lk)
+		return startedLease{}, errorf("renew lease %x: %w", id, started(err))
+	}
+	return startedLease{id, lk, time.Duration(resp.GrantedTTL) * time.Second, sent.Add(time.Duration(ka.TTL) * time.Second)}, nil
+}
+
+// untilAnswered calls rpc until it succeeds, fails with an error that
+// does not pass, or ctx ends, with a waiter's backoff between calls.
+func untilAnswered[T any](ctx context.Context, rpc func(context.Context) (T, error)) (T, error) {
+	backoff := minBackoff
+	for {
+		resp, err := rpc(ctx)
+		if err == nil || !passing(err) || !pause(ctx, &backoff) {
+			return resp, err
+		}
+	}
+}
+
+// startErr is the error of a start that failed with err: ctx's or the
+// session context's if one of them ended (err then says what etcd did
+// last), errClientClosed if the client was closed, else err.
+func startErr(ctx, sessionCtx context.Context, cli *clientv3.Client, err error) error {
+	var end error
+	switch {
+	case sessionCtx.Err() != nil:
+		end = sessionCtx.Err()
+	case cli.Ctx().Err() != nil:
+		end = errClientClosed
+	case ctx.Err() != nil:
+		end = ctx.Err()
+	default:
+		return err
+	}
+	if errors.Is(err, end) {
+		return err
+	}
+	return errorf("%w (last: %v)", end, err)
 }
 
 // Client returns the etcd client the session was made with.

@@ -2,14 +2,21 @@ package etcdlock_test
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // closed reports whether c is closed, without waiting.
@@ -25,7 +32,7 @@ func closed(c <-chan struct{}) bool {
 func TestSessionCloseReleasesAtOnce(t *testing.T) {
 	cli := newClient(t)
 	name := lockName(t)
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, name)
 	capped := etcdlock.NewMutex(s, name+"-capped", etcdlock.WithMaxHold(time.Minute))
@@ -58,7 +65,7 @@ func TestSessionCloseReleasesAtOnce(t *testing.T) {
 
 func TestSessionOrphanLeavesLease(t *testing.T) {
 	cli := newClient(t)
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(5*time.Second))
+	s, err := etcdlock.NewSession(t.Context(), cli, etcdlock.WithTTL(5*time.Second))
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, lockName(t))
 	require.NoError(t, m.Lock(t.Context()))
@@ -80,7 +87,7 @@ func TestSessionOrphanLeavesLease(t *testing.T) {
 func TestSessionCloseAfterOrphan(t *testing.T) {
 	cli := newClient(t)
 	name := lockName(t)
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(30*time.Second))
+	s, err := etcdlock.NewSession(t.Context(), cli, etcdlock.WithTTL(30*time.Second))
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, name)
 	require.NoError(t, m.Lock(t.Context()))
@@ -141,6 +148,137 @@ func TestSessionWithContext(t *testing.T) {
 	require.ErrorIs(t, etcdlock.NewMutex(s, lockName(t)).Lock(t.Context()), etcdlock.ErrSessionExpired)
 }
 
+// TestNewSessionStart: NewSession's ctx bounds its start and nothing else.
+// Before it took a ctx, NewSession with etcd down blocked for as long as
+// the client retried (over 20s), and WithContext, the only bound, also
+// ended the session later; an error of a leader failover made it fail.
+func TestNewSessionStart(t *testing.T) {
+	t.Parallel()
+	const methodGrant = "/etcdserverpb.Lease/LeaseGrant"
+
+	// Errors that pass are ridden out. The client sends a Grant again
+	// itself after an Unavailable (a failover's timeout, a member without
+	// a leader, and here an answer lost after etcd granted the lease), but
+	// returns the others at once: those NewSession used to return.
+	for _, tc := range []struct {
+		name string
+		act  etcdtest.Action
+	}{
+		{"ProposalDropped", etcdtest.Action{Fail: status.Error(codes.Unknown, "raft proposal dropped")}},
+		{"TooManyRequests", etcdtest.Action{Fail: rpctypes.ErrGRPCRequestTooManyRequests}},
+		{"TimedOutLeaderFail", etcdtest.Action{Fail: rpctypes.ErrGRPCTimeoutDueToLeaderFail}},
+		{"NoLeader", etcdtest.Action{Fail: rpctypes.ErrGRPCNoLeader}},
+		{"AnswerLost", etcdtest.Action{After: func(_ etcdtest.RPC, err error) error {
+			if err != nil {
+				return err
+			}
+			return rpctypes.ErrGRPCTimeout
+		}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var in etcdtest.Injector
+			cli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+			fired := in.At(etcdtest.Method(methodGrant), tc.act)
+			var grants atomic.Int32
+			in.Trace(func(r etcdtest.RPC) {
+				if r.Method == methodGrant {
+					grants.Add(1)
+				}
+			})
+			s, err := etcdlock.NewSession(t.Context(), cli, etcdlock.WithTTL(3*time.Second))
+			require.NoError(t, err)
+			defer s.Close()
+			require.True(t, closed(fired), "the injection did not fire")
+			require.EqualValues(t, 2, grants.Load())
+			ttl, err := cli.TimeToLive(t.Context(), s.Lease())
+			require.NoError(t, err)
+			require.Positive(t, ttl.TTL)
+			m := etcdlock.NewMutex(s, lockName(t))
+			require.NoError(t, m.Lock(t.Context()))
+			require.NoError(t, m.Unlock(t.Context()))
+		})
+	}
+
+	t.Run("Refused", func(t *testing.T) {
+		// An error no retry will mend is returned at once.
+		t.Parallel()
+		var in etcdtest.Injector
+		cli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+		in.At(etcdtest.Method(methodGrant), etcdtest.Action{Fail: rpctypes.ErrGRPCPermissionDenied})
+		s, err := etcdlock.NewSession(t.Context(), cli)
+		require.ErrorIs(t, err, rpctypes.ErrPermissionDenied)
+		require.Nil(t, s)
+		require.EqualValues(t, 1, in.Count())
+	})
+
+	t.Run("EtcdDown", func(t *testing.T) {
+		// Nothing listens at the endpoint: the start ends with ctx, with
+		// ctx's error, and not before, for a new lease and an adopted one.
+		t.Parallel()
+		port, err := etcdtest.FreePort()
+		require.NoError(t, err)
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{fmt.Sprintf("127.0.0.1:%d", port)}, Logger: zap.NewNop()})
+		require.NoError(t, err)
+		defer cli.Close()
+		for _, opts := range [][]etcdlock.SessionOption{nil, {etcdlock.WithLease(0x7eadbeef)}} {
+			const bound = time.Second
+			ctx, cancel := context.WithTimeout(t.Context(), bound)
+			start := time.Now()
+			s, err := etcdlock.NewSession(ctx, cli, opts...)
+			took := time.Since(start)
+			cancel()
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.Nil(t, s)
+			require.GreaterOrEqual(t, took, bound, "NewSession gave up before its ctx ended: %v", err)
+			t.Logf("%v after %v", err, took)
+		}
+	})
+
+	t.Run("OnlyTheStart", func(t *testing.T) {
+		// After NewSession has returned, its ctx's end does not end the
+		// session: it goes on renewing its lease.
+		t.Parallel()
+		var in etcdtest.Injector
+		cli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+		ctx, cancel := context.WithCancel(t.Context())
+		s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithTTL(3*time.Second))
+		require.NoError(t, err)
+		defer s.Close()
+		cancel()
+		renewed := make(chan struct{}, 2)
+		in.Trace(func(r etcdtest.RPC) {
+			if r.Method == etcdtest.MethodKeepAlive {
+				select {
+				case renewed <- struct{}{}:
+				default:
+				}
+			}
+		})
+		for range 2 {
+			select {
+			case <-renewed:
+			case <-s.Done():
+				t.Fatalf("the session ended with NewSession's ctx: %v", s.Err())
+			case <-time.After(10 * time.Second):
+				t.Fatal("no renewal in 10s")
+			}
+		}
+		require.NoError(t, s.Err())
+	})
+
+	t.Run("SessionContextEnded", func(t *testing.T) {
+		// WithContext bounds the start too: a session whose context has
+		// ended would end at once.
+		t.Parallel()
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		s, err := etcdlock.NewSession(t.Context(), newClient(t), etcdlock.WithContext(ctx))
+		require.ErrorIs(t, err, context.Canceled)
+		require.Nil(t, s)
+	})
+}
+
 // TestSessionWithLeaseNearExpiry adopts a lease with less than a second to
 // live: the session renews it at once rather than at its first interval.
 func TestSessionWithLeaseNearExpiry(t *testing.T) {
@@ -197,8 +335,8 @@ func TestSessionEndsWithClient(t *testing.T) {
 
 	cli, err := cluster.NewClient(clientv3.Config{})
 	require.NoError(t, err)
-	t.Cleanup(func() { cli.Close() })  // should the test fail before it closes it
-	s, err := etcdlock.NewSession(cli) // never closed: only the client is
+	t.Cleanup(func() { cli.Close() })               // should the test fail before it closes it
+	s, err := etcdlock.NewSession(t.Context(), cli) // never closed: only the client is
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, name)
 	require.NoError(t, m.Lock(t.Context()))
@@ -305,7 +443,7 @@ func TestOneSessionPerLease(t *testing.T) {
 	require.NoError(t, m1.Lock(t.Context()))
 
 	for _, c := range []*clientv3.Client{cli, newClient(t)} {
-		s2, err := etcdlock.NewSession(c, etcdlock.WithLease(s1.Lease()))
+		s2, err := etcdlock.NewSession(t.Context(), c, etcdlock.WithLease(s1.Lease()))
 		require.ErrorIs(t, err, etcdlock.ErrInvalidOption)
 		require.Nil(t, s2)
 	}

@@ -32,9 +32,9 @@ func TestNoWarningsThreeMembers(t *testing.T) {
 	cfg := clientv3.Config{Logger: zap.New(core)}
 	cli, wcli, ocli := c.Client(t, cfg), c.Client(t, cfg), c.Client(t, cfg)
 	ctx := t.Context()
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(ctx, cli)
 	require.NoError(t, err)
-	ws, err := etcdlock.NewSession(wcli)
+	ws, err := etcdlock.NewSession(ctx, wcli)
 	require.NoError(t, err)
 	name := lockName(t)
 

@@ -69,14 +69,14 @@ type Mutex interface {
 var Etcdlock = Impl{
 	Name: "etcdlock",
 	NewSession: func(ctx context.Context, cli *clientv3.Client) (Session, error) {
-		s, err := etcdlock.NewSession(cli, etcdlock.WithContext(ctx))
+		s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithContext(ctx))
 		if err != nil {
 			return nil, err
 		}
 		return etcdlockSession{s}, nil
 	},
 	NewSessionTTL: func(ctx context.Context, cli *clientv3.Client, ttl time.Duration) (Session, error) {
-		s, err := etcdlock.NewSession(cli, etcdlock.WithContext(ctx), etcdlock.WithTTL(ttl))
+		s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithContext(ctx), etcdlock.WithTTL(ttl))
 		if err != nil {
 			return nil, err
 		}

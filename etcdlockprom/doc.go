@@ -4,7 +4,7 @@
 //
 //	m := etcdlockprom.New(etcdlockprom.Options{})
 //	prometheus.MustRegister(m)
-//	s, err := etcdlock.NewSession(cli, etcdlock.WithHooks(m.Hooks()))
+//	s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithHooks(m.Hooks()))
 //
 // One Metrics may serve any number of sessions. The metrics, all in base
 // units, with the labels kind (mutex, rwmutex_read, rwmutex_write,

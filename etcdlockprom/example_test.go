@@ -24,7 +24,7 @@ func ExampleNew() {
 
 	m := etcdlockprom.New(etcdlockprom.Options{}) // LockNames: true adds the label name
 	reg.MustRegister(m)
-	s, err := etcdlock.NewSession(cli, etcdlock.WithHooks(m.Hooks()))
+	s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithHooks(m.Hooks()))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -350,14 +350,14 @@ func TestSessions(t *testing.T) {
 		default:
 		}
 	}
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(3*time.Second), etcdlock.WithHooks(m.Hooks()),
+	s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithTTL(3*time.Second), etcdlock.WithHooks(m.Hooks()),
 		etcdlock.WithHooks(etcdlock.Hooks{
 			RenewDone: func(etcdlock.RenewDoneInfo) { signal(renewed) },
 			HoldDone:  func(etcdlock.HoldDoneInfo) { signal(holdDone) },
 		}))
 	must(t, err)
 	defer s.Close()
-	other, err := etcdlock.NewSession(cli, etcdlock.WithHooks(m.Hooks()))
+	other, err := etcdlock.NewSession(ctx, cli, etcdlock.WithHooks(m.Hooks()))
 	must(t, err)
 	defer other.Close()
 
@@ -495,7 +495,7 @@ func BenchmarkUncontended(b *testing.B) {
 		{"prometheus", []etcdlock.SessionOption{etcdlock.WithHooks(m.Hooks())}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			s, err := etcdlock.NewSession(cluster.Client(b), c.opts...)
+			s, err := etcdlock.NewSession(b.Context(), cluster.Client(b), c.opts...)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -228,7 +228,7 @@ func (d *demo) newClient(ctx context.Context, cluster *embeddedEtcd, name string
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(demoTTL), etcdlock.WithContext(context.WithoutCancel(ctx)))
+	s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithTTL(demoTTL), etcdlock.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
 		cli.Close()
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -390,7 +390,7 @@ func cmdDemoHolder(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer cli.Close()
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(ttl))
+	s, err := etcdlock.NewSession(context.Background(), cli, etcdlock.WithTTL(ttl))
 	if err != nil {
 		return err
 	}

@@ -154,7 +154,7 @@ func TestElectCutOffStopsCmd(t *testing.T) {
 	p := startProc(t, nil, "elect", "--ttl", "3", "--endpoints="+px.URL(), name, "old", "--", script)
 	p.stdout.waitFor(t, "started")
 	p.stdout.waitFor(t, "child ready")
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	defer s.Close()
 	standby := etcdlock.NewElection(s, name)
@@ -204,7 +204,7 @@ func waitLines(t *testing.T, l *lines, n int) []string {
 // name; the session ends with the test.
 func campaign(t *testing.T, cli *clientv3.Client, name, value string) *etcdlock.Election {
 	t.Helper()
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	e := etcdlock.NewElection(s, name)
@@ -225,7 +225,7 @@ func TestElectListen(t *testing.T) {
 	e1 := campaign(t, cli, name, "one")
 	key1, token1 := e1.Key(), e1.Token()
 	require.NoError(t, e1.Proclaim(t.Context(), "two\nlines"))
-	s2, err := etcdlock.NewSession(cli)
+	s2, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	defer s2.Close()
 	e2 := etcdlock.NewElection(s2, name)

@@ -92,7 +92,7 @@ func TestLsElectionAndIdentity(t *testing.T) {
 // own that ends with the test.
 func identityMutex(t *testing.T, cli *clientv3.Client, name, identity string) *etcdlock.Mutex {
 	t.Helper()
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return etcdlock.NewMutex(s, name, etcdlock.WithIdentity(identity))
@@ -127,7 +127,7 @@ func TestLs(t *testing.T) {
 	plain, _ := holdLock(t, cli, pfx+"plain")
 	// rw: two readers.
 	for range 2 {
-		s, err := etcdlock.NewSession(cli)
+		s, err := etcdlock.NewSession(ctx, cli)
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() })
 		require.NoError(t, etcdlock.NewRWMutex(s, pfx+"rw").RLock(ctx))

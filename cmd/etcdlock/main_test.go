@@ -87,7 +87,7 @@ func newClient(t *testing.T) *clientv3.Client {
 // Mutex and the session. Both end at the end of the test.
 func holdLock(t *testing.T, cli *clientv3.Client, name string) (*etcdlock.Mutex, *etcdlock.Session) {
 	t.Helper()
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	m := etcdlock.NewMutex(s, name)
@@ -381,7 +381,7 @@ type waiter struct {
 // waited for at the end of the test.
 func startWaiter(t *testing.T, cli *clientv3.Client, name string) *waiter {
 	t.Helper()
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	w := &waiter{m: etcdlock.NewMutex(s, name), finished: make(chan struct{})}

@@ -352,7 +352,7 @@ func (r *lockRun) startSession(ctx context.Context) error {
 	// life. It must end with gctx while NewSession runs, and not after.
 	sctx, stopS := context.WithCancel(context.Background())
 	stopGrant := context.AfterFunc(gctx, stopS)
-	s, err := etcdlock.NewSession(r.cli, etcdlock.WithTTL(r.ttl), etcdlock.WithContext(sctx))
+	s, err := etcdlock.NewSession(ctx, r.cli, etcdlock.WithTTL(r.ttl), etcdlock.WithContext(sctx))
 	if !stopGrant() {
 		// gctx ended, and with it the session if the grant succeeded.
 		if err == nil {

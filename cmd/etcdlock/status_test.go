@@ -323,7 +323,7 @@ func TestStatusMutexModes(t *testing.T) {
 // newSession returns a session of cli, closed at the end of the test.
 func newSession(t *testing.T, cli *clientv3.Client) *etcdlock.Session {
 	t.Helper()
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s

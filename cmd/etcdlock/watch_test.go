@@ -337,7 +337,7 @@ func TestStatusWatchElection(t *testing.T) {
 	cli := newClient(t)
 	ctx := t.Context()
 	name := lockName(t)
-	s, err := etcdlock.NewSession(cli)
+	s, err := etcdlock.NewSession(ctx, cli)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	e := etcdlock.NewElection(s, name)
