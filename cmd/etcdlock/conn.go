@@ -65,7 +65,7 @@ func (c *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.key, "key", "", "TLS client key `file`")
 	fs.BoolVar(&c.skipVerify, "insecure-skip-tls-verify", false, "use TLS but do not verify etcd's certificate (for testing only: anyone in between can read and change the traffic)")
 	durationVar(fs, &c.dialTimeout, "dial-timeout", 2*time.Second, "give up reaching etcd after this `duration`")
-	durationVar(fs, &c.commandTimeout, "command-timeout", 5*time.Second, "give up each short request to etcd after this `duration` (reads, the release, the revoke at exit; not the dial, nor the wait for the lock)")
+	durationVar(fs, &c.commandTimeout, "command-timeout", 5*time.Second, "give up each short request to etcd after this `duration` (reads, the start of a session, the release, the revoke at exit; not the dial, nor the wait for the lock)")
 }
 
 // applyEnv sets each connection flag not given on the command line from

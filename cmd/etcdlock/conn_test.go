@@ -456,8 +456,9 @@ func TestBareSeconds(t *testing.T) {
 	require.Equal(t, 0, p.wait(t), p.stderr.String())
 }
 
-// --command-timeout bounds status's reads (not the dial): answers slower
-// than it fail the command; the default of 5s lets them through.
+// --command-timeout bounds status's reads and run's start of a session
+// (not the dial): answers slower than it fail the command; the default of
+// 5s lets them through.
 func TestCommandTimeout(t *testing.T) {
 	t.Parallel()
 	name := lockName(t)
@@ -472,6 +473,14 @@ func TestCommandTimeout(t *testing.T) {
 	r = runProc(t, nil, "status", eps, name)
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "is free")
+
+	r = runProc(t, nil, "run", "--command-timeout", "1s", eps, name, "--", "echo", "ran")
+	require.Equal(t, exitFailure, r.code, r.stderr)
+	requireOneLineError(t, r, "start a session: no answer from etcd within 1s (--command-timeout)")
+	require.NotContains(t, r.stdout, "ran")
+	r = runProc(t, nil, "run", eps, name, "--", "echo", "ran")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "ran")
 
 	for _, v := range []string{"0", "-1s"} {
 		r = runProc(t, nil, "status", "--command-timeout", v, eps, name)

@@ -228,7 +228,7 @@ func (d *demo) newClient(ctx context.Context, cluster *embeddedEtcd, name string
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithTTL(demoTTL), etcdlock.WithContext(context.WithoutCancel(ctx)))
+	s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithTTL(demoTTL))
 	if err != nil {
 		cli.Close()
 		return nil, fmt.Errorf("%s: %w", name, err)

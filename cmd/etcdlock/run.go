@@ -259,12 +259,11 @@ type lockRun struct {
 	// read lock (Shared), or permits (Weight of Capacity).
 	mode etcdlock.KeyMode
 
-	s      *etcdlock.Session  // nil between two sessions
-	stopS  context.CancelFunc // ends s's context, after s ended
-	m      holdable           // of s
-	lost   bool               // the lock is known lost: cleanup is best effort, and short
-	shown  bool               // progress was shown while waiting
-	joined time.Time          // when the run first joined the queue
+	s      *etcdlock.Session // nil between two sessions
+	m      holdable          // of s
+	lost   bool              // the lock is known lost: cleanup is best effort, and short
+	shown  bool              // progress was shown while waiting
+	joined time.Time         // when the run first joined the queue
 	// cmdName is CMD's name, without arguments, for the key's identity;
 	// "" without CMD.
 	cmdName string
@@ -348,27 +347,17 @@ func (r *lockRun) held() string {
 func (r *lockRun) startSession(ctx context.Context) error {
 	gctx, cancel := context.WithTimeout(ctx, r.conn.commandTimeout)
 	defer cancel()
-	// The session's context bounds NewSession's RPCs and the session's
-	// life. It must end with gctx while NewSession runs, and not after.
-	sctx, stopS := context.WithCancel(context.Background())
-	stopGrant := context.AfterFunc(gctx, stopS)
-	s, err := etcdlock.NewSession(ctx, r.cli, etcdlock.WithTTL(r.ttl), etcdlock.WithContext(sctx))
-	if !stopGrant() {
-		// gctx ended, and with it the session if the grant succeeded.
-		if err == nil {
-			revoke(ctx, s, r.cli, r.conn.commandTimeout)
-		}
-		stopS()
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	s, err := etcdlock.NewSession(gctx, r.cli, etcdlock.WithTTL(r.ttl))
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case gctx.Err() != nil:
 		return fmt.Errorf("start a session: no answer from etcd within %v (--command-timeout)", r.conn.commandTimeout)
-	}
-	if err != nil {
-		stopS()
+	default:
 		return fmt.Errorf("start a session: %w", err)
 	}
-	r.s, r.stopS, r.m = s, stopS, r.newHold(s)
+	r.s, r.m = s, r.newHold(s)
 	return nil
 }
 
@@ -386,8 +375,7 @@ func (r *lockRun) endSession(ctx context.Context) {
 		timeout = min(timeout, lostCleanupTimeout)
 	}
 	revoke(ctx, r.s, r.cli, timeout)
-	r.stopS()
-	r.s, r.stopS, r.m = nil, nil, nil
+	r.s, r.m = nil, nil
 }
 
 // revoke ends s without Close, and revokes its lease within timeout, or
