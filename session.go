@@ -18,7 +18,8 @@ import (
 // TTL after the process stops renewing (it died, was paused, or lost etcd).
 //
 // The session renews its lease every TTL/3, on one LeaseKeepAlive stream
-// that all the sessions of its client share. It counts the
+// that all the sessions of its client share; their watches share one Watch
+// stream too. It counts the
 // lease's life from the moment each renewal was sent, because etcd extends
 // the lease only when it receives the request: the lease lives at least
 // until send time + TTL, and an answer that arrives late proves nothing
@@ -52,10 +53,10 @@ type Session struct {
 	// so that RPCs made for the session's locks stop with it.
 	endCtx    context.Context
 	endCancel context.CancelCauseFunc
-	// watchCtx is endCtx with clientv3.WithRequireLeader: the session's
-	// watch stream derives from it.
+	// watchCtx is endCtx with clientv3.WithRequireLeader: the watches
+	// made through the client's Watcher (see watchAlone) derive from it.
 	watchCtx context.Context
-	watcher  *lossWatcher // watches the keys of the session's holds and waiters
+	watcher  *lossWatcher // watches the keys of the session's holds and waiters, on the stream shared by cli's sessions
 	releaser *releaser    // sends the releases that Unlock left to the background
 
 	stop     func()        // stops the keepalive loop

@@ -10,13 +10,16 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 )
 
-// The watches a session keeps, the loss watch of each hold whose Done was
-// called, each waiter's watch on its own key and on its blockers (the keys
-// ahead that keep it out), share one Watch stream of the session, as the
-// leases of a client share one keepalive stream (see keeper). Through
-// etcd's client each watch would cost a goroutine of its own in the
+// The watches of every session of a client, the loss watch of each hold
+// whose Done was called, each waiter's watch on its own key and on its
+// blockers (the keys ahead that keep it out), share one Watch stream of
+// the client, as its leases share one keepalive stream (see keeper). On
+// etcd a stream costs goroutines and memory for as long as it is open, so
+// a stream per session would make etcd pay for every waiting session.
+// Through etcd's client each watch would cost a goroutine of its own in the
 // client, and more than a kilobyte of its state; here a watch is an entry
 // in a map, and a waiter costs no goroutine but its own.
 //
@@ -39,30 +42,116 @@ import (
 // (waitWatch.broken), reads the queue again and watches anew, as it did
 // when each blocker had a watch of etcd's client.
 
-// A lossWatcher serves the key watches of one session on one Watch stream
-// of its own, which it opens when there is a watch to make, opens again,
-// after a pause, when it breaks, and closes when it has had nothing to
-// watch for idleStreamTimeout. Its goroutines (two while a stream is
-// open: one receives, one sends; none while idle) end at the latest with
-// the session, which then ends every hold it watches. It is safe for
-// concurrent use.
+// A watchStream is the Watch stream of one client, shared by the
+// lossWatchers of its sessions. It opens the stream when there is a watch
+// to make, opens it again, after a pause, when it breaks, and closes it
+// when it has had nothing to watch for idleStreamTimeout. Its goroutines
+// (two while a stream is open: one receives, one sends; none while idle)
+// end at the latest when the last session of the client releases it.
+type watchStream struct {
+	cli    *clientv3.Client
+	wc     pb.WatchClient
+	ctx    context.Context // the client's, with WithRequireLeader; ends at the last release
+	cancel context.CancelFunc
+	refs   int           // sessions using it; guarded by watchStreams.mu
+	wake   chan struct{} // tells run, or the open stream's sender, there is a request to send; capacity 1
+
+	mu       sync.Mutex    // guards the fields below, and those of the lossWatchers of the client (see there)
+	started  bool          // run is running
+	done     chan struct{} // closed when the last run started has returned
+	watching int           // the watches not finished, of every session
+	queue    []*keyWatch   // to create on the open stream, or the next one; finished ones are skipped
+	creating []*keyWatch   // create requests sent on the open stream and not answered, in order
+	ids      map[int64]*keyWatch
+	cancels  []int64 // watch IDs to cancel on the open stream
+	sending  bool    // a stream is open and its sender may send
+}
+
+// watchStreams are the watch streams of the process, one per client with
+// sessions.
+var watchStreams struct {
+	mu sync.Mutex
+	m  map[*clientv3.Client]*watchStream
+}
+
+// acquireWatchStream returns the watch stream of cli for a new session, or
+// nil for a client without a gRPC connection of its own
+// (clientv3.NewCtxClient): it has no stream to share, and its watches go
+// through its Watcher (see watchAlone).
+func acquireWatchStream(cli *clientv3.Client) *watchStream {
+	conn := cli.ActiveConnection()
+	if conn == nil {
+		return nil
+	}
+	watchStreams.mu.Lock()
+	defer watchStreams.mu.Unlock()
+	if ws := watchStreams.m[cli]; ws != nil {
+		ws.refs++
+		return ws
+	}
+	if watchStreams.m == nil {
+		watchStreams.m = make(map[*clientv3.Client]*watchStream)
+	}
+	// WithRequireLeader: a member cut off from its leader ends the
+	// stream rather than leave its watches silent.
+	ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(cli.Ctx(), requireLeaderMD))
+	ws := &watchStream{
+		cli:    cli,
+		wc:     pb.NewWatchClient(conn),
+		ctx:    ctx,
+		cancel: cancel,
+		refs:   1,
+		wake:   make(chan struct{}, 1),
+		ids:    make(map[int64]*keyWatch),
+	}
+	watchStreams.m[cli] = ws
+	return ws
+}
+
+// release gives back a stream acquireWatchStream returned, once the
+// session's watches have all finished. The last session to release it
+// closes it, and waits until its goroutines have ended.
+func (ws *watchStream) release() {
+	watchStreams.mu.Lock()
+	ws.refs--
+	last := ws.refs == 0
+	if last {
+		// A session that starts from now on gets a stream of its own.
+		delete(watchStreams.m, ws.cli)
+	}
+	watchStreams.mu.Unlock()
+	if !last {
+		return
+	}
+	ws.cancel()
+	ws.mu.Lock()
+	started, done := ws.started, ws.done
+	ws.mu.Unlock()
+	if started {
+		<-done
+	}
+}
+
+// A lossWatcher keeps the key watches of one session, on its client's
+// watch stream. When the session ends it ends every watch: each hold is
+// lost with it, and each waiter told. It is safe for concurrent use.
 type lossWatcher struct {
 	s    *Session
-	wc   pb.WatchClient // nil: each watch is made through the client's Watcher (see watchAlone)
-	wake chan struct{}  // tells run, or the open stream's sender, there is a request to send; capacity 1
-	busy sync.WaitGroup // the goroutines that look into a key (see look), and watchAlone's
+	ws   *watchStream // nil: each watch is made through the client's Watcher (see watchAlone)
+	busy sync.WaitGroup
+	// endDone is closed when the session's end has ended every watch and
+	// the goroutines that look into keys (see look), and watchAlone's,
+	// have returned.
+	endDone chan struct{}
 
-	mu       sync.Mutex                       // guards the fields below, the state, id, from and look of every keyWatch, and its waitWatch and blockerWatch (see there)
-	started  bool                             // run is running
-	done     chan struct{}                    // closed when the last run started has returned
-	ended    bool                             // the session ended: every watch is over, none is made
-	watches  map[*keyWatch]struct{}           // the watches not finished
-	queue    []*keyWatch                      // to create on the open stream, or the next one; finished ones are skipped
-	creating []*keyWatch                      // create requests sent on the open stream and not answered, in order
-	ids      map[int64]*keyWatch              // the watches created on the open stream, by watch ID
-	cancels  []int64                          // watch IDs to cancel on the open stream
-	sending  bool                             // a stream is open and its sender may send
-	alone    map[*keyWatch]context.CancelFunc // without a stream: ends the watch watchAlone made
+	// mu is ws.mu, or own without a stream. It guards the fields below,
+	// the state, id, from and look of every keyWatch, and its waitWatch
+	// and blockerWatch (see there).
+	mu      *sync.Mutex
+	own     sync.Mutex
+	ended   bool                             // the session ended: every watch is over, none is made
+	watches map[*keyWatch]struct{}           // the watches not finished
+	alone   map[*keyWatch]context.CancelFunc // without a stream: ends the watch watchAlone made
 }
 
 // A keyWatch watches one key of the session for its deletion: a hold's key
@@ -70,6 +159,7 @@ type lossWatcher struct {
 // (ww is set: the waiter is told); or, when b is set, a waiter's blocker
 // (see blockerWatch).
 type keyWatch struct {
+	w     *lossWatcher
 	q     *queue
 	h     *hold         // the hold it watches, or nil
 	ww    *waitWatch    // the waiter it tells, or nil
@@ -163,14 +253,15 @@ type watchLook struct {
 	stopRPC  context.CancelFunc // cancels its RPCs
 }
 
-// newLossWatcher returns the watcher of s's keys; it starts nothing.
+// newLossWatcher returns the watcher of s's keys, which ends them all
+// when s ends; it starts nothing.
 func newLossWatcher(s *Session) *lossWatcher {
-	w := &lossWatcher{s: s, wake: make(chan struct{}, 1)}
-	// A client without a gRPC connection of its own (clientv3.NewCtxClient)
-	// has no stream to share: its watches go through its Watcher.
-	if conn := s.cli.ActiveConnection(); conn != nil {
-		w.wc = pb.NewWatchClient(conn)
+	w := &lossWatcher{s: s, ws: acquireWatchStream(s.cli), endDone: make(chan struct{})}
+	w.mu = &w.own
+	if w.ws != nil {
+		w.mu = &w.ws.mu
 	}
+	context.AfterFunc(s.endCtx, w.end)
 	return w
 }
 
@@ -182,7 +273,7 @@ func (w *lossWatcher) watchHold(q *queue, h *hold) *keyWatch {
 	if h.hdr != nil {
 		from = h.hdr.Revision + 1
 	}
-	kw := &keyWatch{q: q, h: h, rev: h.rev, from: from}
+	kw := &keyWatch{w: w, q: q, h: h, rev: h.rev, from: from}
 	if !w.add(kw) {
 		return nil
 	}
@@ -194,7 +285,7 @@ func (w *lossWatcher) watchHold(q *queue, h *hold) *keyWatch {
 // key is deleted, or the session ends. puts is set for a reader.
 func (w *lossWatcher) watchOwn(q *queue, rev int64, puts bool) (*keyWatch, *waitWatch) {
 	ww := &waitWatch{wake: make(chan struct{}, 1), puts: puts}
-	kw := &keyWatch{q: q, ww: ww, rev: rev, from: rev + 1}
+	kw := &keyWatch{w: w, q: q, ww: ww, rev: rev, from: rev + 1}
 	if !w.add(kw) {
 		w.mu.Lock()
 		kw.tell()
@@ -209,7 +300,7 @@ func (w *lossWatcher) watchOwn(q *queue, rev int64, puts bool) (*keyWatch, *wait
 // (the stream broke, or the session ended), ww.broken is set.
 func (w *lossWatcher) watchBlocker(q *queue, ww *waitWatch, key string, mode KeyMode) *blockerWatch {
 	b := &blockerWatch{key: key, mode: mode}
-	b.kw.q, b.kw.ww, b.kw.b = q, ww, b
+	b.kw.w, b.kw.q, b.kw.ww, b.kw.b = w, q, ww, b
 	if !w.add(&b.kw) {
 		w.mu.Lock()
 		b.kw.tell()
@@ -240,7 +331,6 @@ func (w *lossWatcher) add(kw *keyWatch) bool {
 	}
 	if w.watches == nil {
 		w.watches = make(map[*keyWatch]struct{})
-		w.ids = make(map[int64]*keyWatch)
 	}
 	w.watches[kw] = struct{}{}
 	if kw.h != nil && kw.h.limit != nil {
@@ -248,10 +338,13 @@ func (w *lossWatcher) add(kw *keyWatch) bool {
 		// waiting on a link that is cut.
 		kw.h.limit.timer = time.AfterFunc(time.Until(kw.h.maxDeadline().Add(-kw.q.s.expiryMargin())), func() { w.expire(kw) })
 	}
-	if !w.started {
-		w.started = true
-		w.done = make(chan struct{})
-		go w.run(w.done)
+	if ws := w.ws; ws != nil {
+		ws.watching++
+		if !ws.started {
+			ws.started = true
+			ws.done = make(chan struct{})
+			go ws.run(ws.done)
+		}
 	}
 	if kw.from == 0 && kw.b == nil {
 		w.look(kw, true)
@@ -265,20 +358,32 @@ func (w *lossWatcher) add(kw *keyWatch) bool {
 // w.mu held.
 func (w *lossWatcher) enqueue(kw *keyWatch) {
 	kw.state = watchQueued
-	if w.wc == nil {
+	if w.ws == nil {
 		w.watchAlone(kw)
 		return
 	}
-	w.queue = append(w.queue, kw)
-	w.signal()
+	w.ws.queue = append(w.ws.queue, kw)
+	w.ws.signal()
 }
 
 // signal wakes run, or the open stream's sender.
-func (w *lossWatcher) signal() {
+func (ws *watchStream) signal() {
 	select {
-	case w.wake <- struct{}{}:
+	case ws.wake <- struct{}{}:
 	default: // woken already
 	}
+}
+
+// cancelActive has kw's watch cancelled on the open stream if it is
+// active there; kw's state is then the caller's to set. Called with w.mu
+// held.
+func (w *lossWatcher) cancelActive(kw *keyWatch) {
+	if kw.state != watchActive {
+		return
+	}
+	delete(w.ws.ids, kw.id)
+	w.ws.cancels = append(w.ws.cancels, kw.id)
+	w.ws.signal()
 }
 
 // stop ends kw: its owner no longer wants it (Unlock, a waiter that
@@ -307,14 +412,10 @@ func (w *lossWatcher) stop(ctx context.Context, kw *keyWatch) {
 // finished already. It reports whether it finished it. Called with w.mu
 // held.
 func (w *lossWatcher) drop(kw *keyWatch) bool {
-	switch kw.state {
-	case watchFinished:
+	if kw.state == watchFinished {
 		return false
-	case watchActive:
-		delete(w.ids, kw.id)
-		w.cancels = append(w.cancels, kw.id)
-		w.signal()
 	}
+	w.cancelActive(kw)
 	if cancel := w.alone[kw]; cancel != nil {
 		cancel()
 		delete(w.alone, kw)
@@ -327,14 +428,14 @@ func (w *lossWatcher) drop(kw *keyWatch) bool {
 	}
 	kw.state = watchFinished
 	delete(w.watches, kw)
-	if len(w.watches) == 0 && w.sending {
-		// The open stream's sender waits without an idle timer while
-		// there is a watch: wake it to start one. (A watch dropped while
-		// active woke it above to send the cancel; one dropped while it
-		// was queued, being created or looked into did not, and the
-		// stream then stayed open for good: an Unlock whose own deletion
-		// reached the watch first stops it while it looks.)
-		w.signal()
+	if ws := w.ws; ws != nil {
+		ws.watching--
+		if ws.watching == 0 && ws.sending {
+			// The open stream's sender waits without an idle timer
+			// while there is a watch: wake it to start one, whatever
+			// state the last watch was dropped in.
+			ws.signal()
+		}
 	}
 	return true
 }
@@ -374,11 +475,7 @@ func (w *lossWatcher) gone(kw *keyWatch) {
 // kw.from), and, if the key is not the one watched any more, ends the
 // watch: a hold is lost, with the reason holdGone finds.
 func (w *lossWatcher) look(kw *keyWatch, read bool) {
-	if kw.state == watchActive {
-		delete(w.ids, kw.id)
-		w.cancels = append(w.cancels, kw.id)
-		w.signal()
-	}
+	w.cancelActive(kw)
 	l := &watchLook{done: make(chan struct{})}
 	l.waitCtx, l.stopWait = context.WithCancel(w.s.endCtx)
 	l.rpcCtx, l.stopRPC = context.WithCancel(w.s.endCtx)
@@ -474,19 +571,19 @@ func events(evs []*clientv3.Event) []*mvccpb.Event {
 
 // run opens a stream when there is a watch to make, serves it until it
 // breaks or is idle, and waits a little before the next one, until the
-// session ends or there is nothing left to watch (add starts it again).
-// When the session ends it ends every watch: each hold is lost with it.
-func (w *lossWatcher) run(done chan struct{}) {
+// last session releases the stream or there is nothing left to watch (add
+// starts it again).
+func (ws *watchStream) run(done chan struct{}) {
 	defer close(done)
-	ctx := w.s.watchCtx // requires a leader; ends with the session
+	ctx := ws.ctx
 	backoff := minStreamBackoff
 	for ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
 			continue
-		case <-w.wake:
+		case <-ws.wake:
 		}
-		if w.wc != nil && w.serve(ctx) {
+		if ws.serve(ctx) {
 			backoff = minStreamBackoff
 		}
 		t := time.NewTimer(backoff)
@@ -496,21 +593,27 @@ func (w *lossWatcher) run(done chan struct{}) {
 		case <-t.C:
 		}
 		backoff = min(2*backoff, maxStreamBackoff)
-		w.mu.Lock()
-		if len(w.watches) == 0 && ctx.Err() == nil {
-			// Nothing to watch: a session that no longer watches costs
+		ws.mu.Lock()
+		if ws.watching == 0 && ctx.Err() == nil {
+			// Nothing to watch: a client that no longer watches costs
 			// neither a goroutine nor a stream.
-			w.started, w.queue = false, nil
-			w.mu.Unlock()
+			ws.started, ws.queue = false, nil
+			ws.mu.Unlock()
 			return
 		}
-		left := len(w.queue) > 0
-		w.mu.Unlock()
+		left := len(ws.queue) > 0
+		ws.mu.Unlock()
 		if left {
-			w.signal() // the watches not made go on the next stream
+			ws.signal() // the watches not made go on the next stream
 		}
 	}
+}
 
+// end ends every watch of the session, which has ended: each hold is lost
+// with it, and each waiter told. It then waits for the goroutines that
+// look into keys, and gives the stream back.
+func (w *lossWatcher) end() {
+	defer close(w.endDone)
 	w.mu.Lock()
 	w.ended = true
 	var ended []*keyWatch
@@ -520,51 +623,43 @@ func (w *lossWatcher) run(done chan struct{}) {
 		}
 		ended = append(ended, kw)
 	}
-	w.queue, w.creating, w.cancels = nil, nil, nil
 	w.mu.Unlock()
-	cause := context.Cause(ctx)
+	cause := context.Cause(w.s.endCtx)
 	for _, kw := range ended {
 		if kw.h != nil {
 			kw.q.lose(kw.h, cause)
 		}
 	}
 	w.busy.Wait()
+	if w.ws != nil {
+		w.ws.release()
+	}
 }
 
-// wait waits until run and the goroutines that look into keys have
-// returned. The session has ended.
+// wait waits until end has returned. The session has ended.
 func (w *lossWatcher) wait() {
-	w.mu.Lock()
-	started, done := w.started, w.done
-	if !started {
-		w.ended = true // a watch added from now on finds the session ended
-	}
-	w.mu.Unlock()
-	if started {
-		<-done
-	}
-	w.busy.Wait()
+	<-w.endDone
 }
 
-// serve opens one stream and serves it until it breaks or the session
-// ends. It reports whether etcd answered anything on it. The watches made
-// on it are made again on the next one.
-func (w *lossWatcher) serve(ctx context.Context) (answered bool) {
+// serve opens one stream and serves it until it breaks or ctx ends. It
+// reports whether etcd answered anything on it. The watches made on it
+// are made again on the next one.
+func (ws *watchStream) serve(ctx context.Context) (answered bool) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// WaitForReady: while the client has no connection, wait for one
 	// rather than fail at once (as etcd's client does for its calls).
-	stream, err := w.wc.Watch(ctx, grpc.WaitForReady(true))
+	stream, err := ws.wc.Watch(ctx, grpc.WaitForReady(true))
 	if err != nil {
 		return false
 	}
-	w.mu.Lock()
-	w.sending = true
-	w.mu.Unlock()
+	ws.mu.Lock()
+	ws.sending = true
+	ws.mu.Unlock()
 	sendDone := make(chan struct{})
 	go func() {
 		defer close(sendDone)
-		w.send(ctx, stream)
+		ws.send(ctx, stream)
 		cancel() // a failed send breaks the stream: Recv returns too
 	}()
 	for {
@@ -573,32 +668,32 @@ func (w *lossWatcher) serve(ctx context.Context) (answered bool) {
 			break
 		}
 		answered = true
-		if !w.receive(resp) {
+		if !ws.receive(resp) {
 			break
 		}
 	}
 
-	w.mu.Lock()
-	w.sending = false // from now on the sender sends nothing
-	for _, kw := range w.creating {
+	ws.mu.Lock()
+	ws.sending = false // from now on the sender sends nothing
+	for _, kw := range ws.creating {
 		if kw.state == watchCreating {
 			kw.state = watchQueued
-			w.queue = append(w.queue, kw)
+			ws.queue = append(ws.queue, kw)
 		}
 	}
-	for _, kw := range w.ids {
+	for _, kw := range ws.ids {
 		if kw.b != nil {
 			// Events may have been missed: the waiter reads again.
 			kw.state = watchQueued // not active: nothing to cancel
-			w.gone(kw)
+			kw.w.gone(kw)
 			continue
 		}
 		kw.state = watchQueued
-		w.queue = append(w.queue, kw)
+		ws.queue = append(ws.queue, kw)
 	}
-	w.creating, w.cancels = nil, nil
-	clear(w.ids)
-	w.mu.Unlock()
+	ws.creating, ws.cancels = nil, nil
+	clear(ws.ids)
+	ws.mu.Unlock()
 	cancel()
 	<-sendDone
 	return answered
@@ -606,37 +701,37 @@ func (w *lossWatcher) serve(ctx context.Context) (answered bool) {
 
 // receive handles one response of the open stream. It reports false when
 // the stream must be given up: etcd refused to make a watch.
-func (w *lossWatcher) receive(resp *pb.WatchResponse) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+func (ws *watchStream) receive(resp *pb.WatchResponse) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
 	if resp.Created {
 		// etcd answers a stream's create requests in order.
-		if len(w.creating) == 0 {
+		if len(ws.creating) == 0 {
 			return false
 		}
-		kw := w.creating[0]
-		w.creating[0] = nil
-		w.creating = w.creating[1:]
+		kw := ws.creating[0]
+		ws.creating[0] = nil
+		ws.creating = ws.creating[1:]
 		switch {
 		case resp.Canceled:
 			if kw.state == watchCreating {
-				w.refused(kw)
+				kw.w.refused(kw)
 			}
 			return true
 		case kw.state != watchCreating:
 			// Stopped meanwhile.
-			w.cancels = append(w.cancels, resp.WatchId)
-			w.signal()
+			ws.cancels = append(ws.cancels, resp.WatchId)
+			ws.signal()
 			return true
 		}
 		kw.state, kw.id, kw.refusals = watchActive, resp.WatchId, 0
-		w.ids[kw.id] = kw
+		ws.ids[kw.id] = kw
 		if kw.b != nil {
 			kw.b.created = resp.Header.Revision
 			kw.ww.signal()
 		}
 	}
-	kw := w.ids[resp.WatchId]
+	kw := ws.ids[resp.WatchId]
 	if kw == nil {
 		return true // an answer to a cancel, or events of a watch stopped since
 	}
@@ -644,9 +739,9 @@ func (w *lossWatcher) receive(resp *pb.WatchResponse) bool {
 		switch {
 		case resp.CompactRevision != 0 || resp.Canceled:
 			// etcd ended the watch: the waiter reads again.
-			delete(w.ids, kw.id)
+			delete(ws.ids, kw.id)
 			kw.state = watchQueued // not active: nothing to cancel
-			w.gone(kw)
+			kw.w.gone(kw)
 		case len(resp.Events) > 0:
 			kw.b.news(resp.Events)
 		}
@@ -657,15 +752,15 @@ func (w *lossWatcher) receive(resp *pb.WatchResponse) bool {
 		// The revisions the watch was to start from are compacted (etcd
 		// has ended the watch): read the key, and start again after
 		// the read.
-		delete(w.ids, kw.id)
+		delete(ws.ids, kw.id)
 		kw.state = watchQueued
-		w.look(kw, true)
+		kw.w.look(kw, true)
 	case resp.Canceled:
 		// etcd ended the watch: make it again.
-		delete(w.ids, kw.id)
-		w.enqueue(kw)
+		delete(ws.ids, kw.id)
+		kw.w.enqueue(kw)
 	case deleted(kw, resp.Events):
-		w.gone(kw)
+		kw.w.gone(kw)
 	}
 	return true
 }
@@ -696,19 +791,19 @@ func (w *lossWatcher) refused(kw *keyWatch) {
 	})
 }
 
-// idleStreamTimeout is how long a session keeps its watch stream open
-// with nothing to watch: long enough that a program that locks now and
-// then reuses it, short enough that sessions that stopped watching do
-// not each keep a stream on etcd (and two goroutines here).
+// idleStreamTimeout is how long a client keeps its watch stream open with
+// nothing to watch: long enough that a program that locks now and then
+// reuses it, short enough that clients that stopped watching do not each
+// keep a stream on etcd (and two goroutines here).
 const idleStreamTimeout = 5 * time.Second
 
 // send sends the queued create and cancel requests on stream, in order,
 // until ctx ends, a send fails, serve stops it, or there has been nothing
 // to watch for idleStreamTimeout (then serve closes the stream).
-func (w *lossWatcher) send(ctx context.Context, stream pb.Watch_WatchClient) {
+func (ws *watchStream) send(ctx context.Context, stream pb.Watch_WatchClient) {
 	for {
 		for {
-			req := w.next()
+			req := ws.next()
 			if req == nil {
 				break
 			}
@@ -718,26 +813,26 @@ func (w *lossWatcher) send(ctx context.Context, stream pb.Watch_WatchClient) {
 		}
 		var idle *time.Timer
 		var idleC <-chan time.Time
-		w.mu.Lock()
-		if len(w.watches) == 0 {
+		ws.mu.Lock()
+		if ws.watching == 0 {
 			idle = time.NewTimer(idleStreamTimeout)
 			idleC = idle.C
 		}
-		w.mu.Unlock()
+		ws.mu.Unlock()
 		fired := false
 		select {
 		case <-ctx.Done():
 			return
-		case <-w.wake:
+		case <-ws.wake:
 		case <-idleC:
 			fired = true
 		}
 		if idle != nil {
 			idle.Stop()
 		}
-		w.mu.Lock()
-		sending, watching := w.sending, len(w.watches) > 0
-		w.mu.Unlock()
+		ws.mu.Lock()
+		sending, watching := ws.sending, ws.watching > 0
+		ws.mu.Unlock()
 		if !sending || fired && !watching {
 			return
 		}
@@ -745,27 +840,27 @@ func (w *lossWatcher) send(ctx context.Context, stream pb.Watch_WatchClient) {
 }
 
 // next returns the next request to send, or nil.
-func (w *lossWatcher) next() *pb.WatchRequest {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.sending {
+func (ws *watchStream) next() *pb.WatchRequest {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if !ws.sending {
 		return nil
 	}
-	if len(w.cancels) > 0 {
-		id := w.cancels[0]
-		w.cancels = w.cancels[1:]
+	if len(ws.cancels) > 0 {
+		id := ws.cancels[0]
+		ws.cancels = ws.cancels[1:]
 		return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
 			CancelRequest: &pb.WatchCancelRequest{WatchId: id}}}
 	}
-	for len(w.queue) > 0 {
-		kw := w.queue[0]
-		w.queue[0] = nil
-		w.queue = w.queue[1:]
+	for len(ws.queue) > 0 {
+		kw := ws.queue[0]
+		ws.queue[0] = nil
+		ws.queue = ws.queue[1:]
 		if kw.state != watchQueued {
 			continue // finished, or queued twice
 		}
 		kw.state = watchCreating
-		w.creating = append(w.creating, kw)
+		ws.creating = append(ws.creating, kw)
 		cr := &pb.WatchCreateRequest{Key: []byte(kw.q.key), StartRevision: kw.from, Filters: noPut}
 		if b := kw.b; b != nil {
 			cr.Key = []byte(b.key)
