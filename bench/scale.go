@@ -47,6 +47,16 @@ var ScaleScenarios = []Scenario{
 		Run: queueRead(3000),
 	},
 	{
+		Name: "waiters-8-clients-10000", Unit: "handoff", N: 1, ShortN: 1,
+		Targets: waitersTargets(8),
+		Run:     waiters("waiters-8-clients-10000", 10000, 8),
+	},
+	{
+		Name: "waiters-own-client-10000", Unit: "handoff", N: 1, ShortN: 1,
+		Targets: waitersTargets(10000),
+		Run:     waiters("waiters-own-client-10000", 10000, 10000),
+	},
+	{
 		Name: "held-10000", Unit: "held lock", N: 1, ShortN: 1,
 		Run: held(10000, false),
 	},
