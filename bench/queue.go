@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -151,6 +152,9 @@ func drain(ctx context.Context, env *Env, impl Impl, timer Timer, spec queueSpec
 		if err := q.addSessions(ctx, impl, w); err != nil {
 			return Result{}, err
 		}
+		if err := waitKeepAlives(ctx, &cs.rpcs, len(cs.clis), q.failed); err != nil {
+			return Result{}, err
+		}
 		if err := env.settleWatchers(ctx, &cs.rpcs, q.failed); err != nil {
 			return Result{}, err
 		}
@@ -229,6 +233,27 @@ func drain(ctx context.Context, env *Env, impl Impl, timer Timer, spec queueSpec
 	res.Queue = queueCost(int64(parts[n-2]), int64(parts[n-1]), mems[m-3], mems[m-2], mems[m-1])
 	res.Server = server
 	return res, nil
+}
+
+// keepAliveWait bounds waitKeepAlives: the default TTL of both
+// implementations' sessions, which renew every third of it.
+const keepAliveWait = 15 * time.Second
+
+// waitKeepAlives returns once the clients counted in rpcs have opened n
+// lease keepalive streams, one per client, or keepAliveWait has passed.
+// etcd's sessions open their client's stream as they start, ours at
+// their first renewal: a stream opened while the waiters join would count
+// as theirs.
+func waitKeepAlives(ctx context.Context, rpcs *rpcCount, n int, failed func() error) error {
+	wctx, cancel := context.WithTimeout(ctx, keepAliveWait)
+	defer cancel()
+	err := poll(wctx, pollInterval, func() (bool, error) {
+		return rpcs.keepAlive.Load() >= int64(n), failed()
+	})
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil // waited long enough: measured as it is
+	}
+	return err
 }
 
 // checkOrder checks that the waiters got the lock in the order of the
