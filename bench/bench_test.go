@@ -143,9 +143,16 @@ func runScenario(b *testing.B, e *bench.Env, sc bench.Scenario, impl bench.Impl)
 		b.ReportMetric(q.ClientHeap+q.Stack, "B/"+per)
 		b.ReportMetric(q.Goroutines, "goroutines/"+per)
 		b.ReportMetric(q.Growth, "mem-growth")
-		if *scale {
+		if *scale || r.Server != nil {
 			b.ReportMetric(q.ClientHeap, "heap-B/"+per)
 		}
+	}
+	if s := r.Server; s != nil {
+		// Read from the etcd member: the watch streams it keeps for the
+		// whole queue, and its heap (after a GC) and goroutines per waiter.
+		b.ReportMetric(s.Streams, "server-streams")
+		b.ReportMetric(s.Heap, "server-B/waiter")
+		b.ReportMetric(s.Goroutines, "server-goroutines/waiter")
 	}
 }
 
@@ -173,6 +180,14 @@ func benchScale(b *testing.B, name string) {
 func BenchmarkScaleFIFO(b *testing.B) {
 	for _, w := range []int{1000, 3000} {
 		b.Run(fmt.Sprintf("waiters=%d", w), func(b *testing.B) { benchScale(b, fmt.Sprintf("fifo-%d", w)) })
+	}
+}
+
+// BenchmarkScaleWaiters measures what waiters cost the etcd member and
+// the client, as BenchmarkWaiters, with 10 000 waiters. With -scale.
+func BenchmarkScaleWaiters(b *testing.B) {
+	for _, name := range []string{"waiters-8-clients-10000", "waiters-own-client-10000"} {
+		b.Run(name, func(b *testing.B) { benchScale(b, name) })
 	}
 }
 
@@ -251,6 +266,31 @@ func BenchmarkFIFO(b *testing.B) {
 	for _, w := range []int{50, 1000} {
 		b.Run(fmt.Sprintf("waiters=%d", w), func(b *testing.B) {
 			benchScenario(b, fmt.Sprintf("fifo-%d", w))
+		})
+	}
+}
+
+// BenchmarkWaiters measures 1000 waiters on one lock, one session each,
+// on one member: their sessions share 8 clients (as in a service that
+// makes a session per job), or each has its own client. It reports what
+// their waiting costs the etcd member (the watch streams it keeps open,
+// its heap after a GC and its goroutines per waiter) and the client (heap
+// and goroutines per waiter), then drains the queue (time and RPCs per
+// handoff). It is slow and skipped under -short.
+func BenchmarkWaiters(b *testing.B) {
+	for _, name := range []string{"waiters-8-clients-1000", "waiters-own-client-1000"} {
+		b.Run(name, func(b *testing.B) {
+			if testing.Short() {
+				b.Skip("slow: skipped under -short")
+			}
+			sc, ok := bench.Lookup(name)
+			if !ok {
+				b.Fatalf("no scenario %q", name)
+			}
+			e := env(b, 1)
+			for _, impl := range bench.Impls {
+				b.Run("impl="+impl.Name, func(b *testing.B) { runScenario(b, e, sc, impl) })
+			}
 		})
 	}
 }

@@ -15,6 +15,16 @@
 //   - fifo-50, fifo-1000: a queue of waiters, each with its own session
 //     (sharing 8 or 16 clients), drained after the holder releases; the
 //     time is per handoff;
+//   - waiters-8-clients-1000, waiters-own-client-1000: fifo's queue of
+//     1000 waiters, one session each, the sessions sharing 8 clients (as
+//     in a service that makes a session per job) or each on its own
+//     client. Before the drain they measure what the waiting costs the
+//     etcd members, read from each member's /metrics: the watch streams
+//     they keep open for the whole queue, and their heap (after a GC) and
+//     goroutines per waiter; and the client's heap, stacks and goroutines
+//     per waiter. Every session is made before the first snapshot: the
+//     figures are the waiting alone. The benchmarks run them on one
+//     member only (BenchmarkWaiters, skipped under -short);
 //   - rw-uncontended-read, rw-uncontended-write: RLock+RUnlock and
 //     Lock+Unlock of our RWMutex and of etcd's recipe RWMutex
 //     (client/v3/experimental/recipes), nobody else around;
@@ -47,9 +57,10 @@
 // With -mem.heapprofile=DIR it writes an inuse heap profile of each case
 // (read it with go tool pprof -sample_index=inuse_space).
 //
-// The scale scenarios (ScaleScenarios: fifo-3000, held-10000,
-// held-10000-done) and 100 and 1000 idle sessions beside etcd's take
-// minutes and run only with -scale, on one member:
+// The scale scenarios (ScaleScenarios: fifo-3000, waiters-8-clients-10000,
+// waiters-own-client-10000, held-10000, held-10000-done) and 100 and 1000
+// idle sessions beside etcd's take minutes and run only with -scale, on
+// one member:
 //
 //	go test -run '^$' -bench Scale -benchtime 1x -timeout 60m ./bench/ -scale
 //
@@ -63,10 +74,12 @@
 //
 //	go test -run '^$' -bench . -benchtime 3x -short ./bench/
 //
-// which runs every scenario but fifo-1000, on one member and on three. The
-// benchmarks report ns/op, B/op and allocs/op per operation (per handoff for
-// the queues, although b.N counts queues) and rpcs/op, keepalives/op,
-// revs/op, acq/s, B/waiter and goroutines/waiter.
+// which runs every scenario but the slow ones (fifo-1000, sem-fifo-1000,
+// the waiters-… ones), on one member and on three. The benchmarks report
+// ns/op, B/op and allocs/op per operation (per handoff for the queues,
+// although b.N counts queues) and rpcs/op, keepalives/op, revs/op, acq/s,
+// B/waiter and goroutines/waiter; the waiters-… ones also heap-B/waiter,
+// server-streams, server-B/waiter and server-goroutines/waiter.
 //
 // The scenarios fail, rather than measure, a lock that lets two holders in
 // at once (a writer with anyone, more permits than the capacity) or serves
@@ -85,7 +98,12 @@
 //     etcd runs in processes of its own;
 //   - for the queues, also the memory and goroutines per waiting Mutex:
 //     the growth of the process's heap (after a GC) and stacks while the
-//     queue forms.
+//     queue forms;
+//   - the etcd members' watch streams, heap and goroutines are read from
+//     their /metrics (etcd_debugging_mvcc_watch_stream_total,
+//     go_memstats_heap_alloc_bytes, go_goroutines), medians of 3 readings
+//     each after a forced GC: NewEnv starts the members with Go's
+//     profiling endpoints on, and /debug/pprof/heap?gc=1 collects.
 //
 // A waiter counts as queued when its key is in etcd, and the queue as idle
 // when the members have no unsynced watcher and the watchers and unary

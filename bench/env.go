@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,8 +31,12 @@ type Env struct {
 // NewEnv starts an etcd cluster of the given number of members,
 // with its data under dir (fsync on, as etcdtest always has it). The caller
 // must call Close.
+//
+// The members serve Go's profiling endpoints (etcd's --enable-pprof), so
+// that the scenarios that read a member's heap can collect its garbage
+// first; see serverSnapshot.
 func NewEnv(dir string, members int) (*Env, error) {
-	c, err := etcdtest.StartDir(dir, members)
+	c, err := startWithPprof(dir, members)
 	if err != nil {
 		return nil, err
 	}
@@ -40,6 +46,31 @@ func NewEnv(dir string, members int) (*Env, error) {
 		return nil, fmt.Errorf("bench: observer client: %w", err)
 	}
 	return &Env{cluster: c, obs: obs}, nil
+}
+
+// pprofEnv is the environment variable that sets etcd's --enable-pprof:
+// etcd reads every flag from ETCD_<FLAG> too, and its processes inherit
+// this process's environment.
+const pprofEnv = "ETCD_ENABLE_PPROF"
+
+// envMu serializes startWithPprof's changes to the process's environment.
+var envMu sync.Mutex
+
+// startWithPprof starts the cluster with pprofEnv set, unless it is set
+// already (then etcd does what it says), and restores the environment.
+// The profiling endpoints cost nothing until asked; enabling them also
+// makes etcd sample 1 in 5 contended mutex events, too few to show in
+// these benchmarks.
+func startWithPprof(dir string, members int) (*etcdtest.Cluster, error) {
+	envMu.Lock()
+	defer envMu.Unlock()
+	if _, set := os.LookupEnv(pprofEnv); !set {
+		if err := os.Setenv(pprofEnv, "true"); err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		defer os.Unsetenv(pprofEnv)
+	}
+	return etcdtest.StartDir(dir, members)
 }
 
 // Close closes the observer client and stops the cluster.
@@ -265,43 +296,50 @@ var metricsClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: t
 // scrapeWatchers reads etcd's two watcher gauges from the Prometheus text
 // that the member at ep serves on /metrics.
 func scrapeWatchers(ctx context.Context, ep string) (watchers, slow int64, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ep+"/metrics", nil)
+	v, err := scrapeMetrics(ctx, ep, "etcd_debugging_mvcc_watcher_total", "etcd_debugging_mvcc_slow_watcher_total")
 	if err != nil {
 		return 0, 0, err
 	}
+	return int64(v[0]), int64(v[1]), nil
+}
+
+// scrapeMetrics reads the values of the unlabelled metrics called names
+// from the Prometheus text that the member at ep serves on /metrics, in
+// the order of names. It fails if one is missing.
+func scrapeMetrics(ctx context.Context, ep string, names ...string) ([]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ep+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := metricsClient.Do(req)
 	if err != nil {
-		return 0, 0, fmt.Errorf("bench: metrics of %s: %w", ep, err)
+		return nil, fmt.Errorf("bench: metrics of %s: %w", ep, err)
 	}
 	defer resp.Body.Close()
-	found := 0
+	values := make([]float64, len(names))
+	found := make([]bool, len(names))
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		name, value, ok := strings.Cut(sc.Text(), " ")
-		var dst *int64
-		switch {
-		case !ok:
+		if !ok {
 			continue
-		case name == "etcd_debugging_mvcc_watcher_total":
-			dst = &watchers
-		case name == "etcd_debugging_mvcc_slow_watcher_total":
-			dst = &slow
-		default:
+		}
+		i := slices.Index(names, name)
+		if i < 0 {
 			continue
 		}
 		v, err := strconv.ParseFloat(value, 64)
 		if err != nil {
-			return 0, 0, fmt.Errorf("bench: metrics of %s: %q: %w", ep, sc.Text(), err)
+			return nil, fmt.Errorf("bench: metrics of %s: %q: %w", ep, sc.Text(), err)
 		}
-		*dst = int64(v)
-		found++
+		values[i], found[i] = v, true
 	}
 	if err := sc.Err(); err != nil {
-		return 0, 0, fmt.Errorf("bench: metrics of %s: %w", ep, err)
+		return nil, fmt.Errorf("bench: metrics of %s: %w", ep, err)
 	}
-	if found != 2 {
-		return 0, 0, fmt.Errorf("bench: etcd's watcher metrics not found at %s/metrics", ep)
+	if i := slices.Index(found, false); i >= 0 {
+		return nil, fmt.Errorf("bench: etcd's metric %s not found at %s/metrics", names[i], ep)
 	}
-	return watchers, slow, nil
+	return values, nil
 }

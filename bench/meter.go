@@ -39,6 +39,9 @@ type Result struct {
 
 	// Queue is set by the FIFO scenarios: the cost of the waiting Mutexes.
 	Queue *QueueCost
+	// Server is set by the scenarios that read what the waiting costs the
+	// etcd members (the waiters-… ones).
+	Server *ServerCost
 }
 
 // QueueCost is the memory and goroutines that waiting Mutexes take, per
@@ -65,7 +68,7 @@ type QueueCost struct {
 	Growth float64
 }
 
-// Add returns the sum of r and o. Queue costs are averaged.
+// Add returns the sum of r and o. Queue and server costs are averaged.
 func (r Result) Add(o Result) Result {
 	s := Result{
 		Ops:        r.Ops + o.Ops,
@@ -78,6 +81,7 @@ func (r Result) Add(o Result) Result {
 		ServerCPU:  r.ServerCPU + o.ServerCPU,
 		ClientCPU:  r.ClientCPU + o.ClientCPU,
 		Queue:      r.Queue,
+		Server:     r.Server.add(o.Server),
 	}
 	switch {
 	case s.Queue == nil:

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -17,6 +18,16 @@ import (
 // their keys' create revisions, one at a time, or the run fails.
 func fifo(w int) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
 	return fifoOf(queueSpec{label: fmt.Sprintf("fifo-%d", w), waiters: w, capacity: 1,
+		newHolder: Session.NewMutex, newWaiter: Session.NewMutex})
+}
+
+// waiters returns the scenario called label of fifo's queue of w waiters,
+// one session each, whose sessions share clients clients (w: each waiter
+// on its own client), with what their waiting costs the etcd members and
+// the client measured before the queue is drained (Result.Server,
+// Result.Queue).
+func waiters(label string, w, clients int) func(context.Context, *Env, Impl, int, Timer) (Result, error) {
+	return fifoOf(queueSpec{label: label, waiters: w, capacity: 1, clients: clients, server: true,
 		newHolder: Session.NewMutex, newWaiter: Session.NewMutex})
 }
 
@@ -52,6 +63,15 @@ type queueSpec struct {
 	// operation, all of them admitted; otherwise it opens before the
 	// release and counts a handoff per waiter.
 	together bool
+	// clients is how many clients the waiters' sessions share, waiter i
+	// on client i mod clients, the holder on the first; 0: clientsFor.
+	clients int
+	// server: also measure what the waiting costs the etcd members
+	// (Result.Server). Every session is then made before the first waiter
+	// calls Lock, and the memory, the client's as the members', is that of
+	// the waiting alone, per waiter over all of them: what a session
+	// costs is left out, on both sides.
+	server bool
 }
 
 // fifoOf returns the scenario of spec: n queues drained.
@@ -79,7 +99,24 @@ func clientsFor(w int) int {
 
 func drain(ctx context.Context, env *Env, impl Impl, timer Timer, spec queueSpec) (Result, error) {
 	w := spec.waiters
-	cs, err := env.newClients(clientsFor(w), 0)
+	nc := spec.clients
+	if nc == 0 {
+		nc = clientsFor(w)
+	}
+	var snaps []serverSnapshot
+	if spec.server {
+		// The clients of the runs before are closed, but the members may
+		// not have seen their streams end yet.
+		if err := env.settleWatchers(ctx, &rpcCount{}, noFailure); err != nil {
+			return Result{}, err
+		}
+		s, err := env.serverSnapshot(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		snaps = append(snaps, s)
+	}
+	cs, err := env.newClients(nc, 0)
 	if err != nil {
 		return Result{}, err
 	}
@@ -103,15 +140,45 @@ func drain(ctx context.Context, env *Env, impl Impl, timer Timer, spec queueSpec
 	// first part, at least one waiter per client, takes the clients'
 	// one-time costs (watch and keepalive streams); the two others tell
 	// what one more waiter costs, early and late in the queue.
+	//
+	// When the server is measured too, every session is made first, and
+	// the waiters join in two halves: the first snapshot is taken before
+	// any of them waits.
 	first := max(len(cs.clis), w/10)
 	second := (w - first) / 2
 	parts := []int{first, second, w - first - second}
 	var mems []memSnapshot
+	if spec.server {
+		if err := q.addSessions(ctx, impl, w); err != nil {
+			return Result{}, err
+		}
+		if err := waitKeepAlives(ctx, &cs.rpcs, len(cs.clis), q.failed); err != nil {
+			return Result{}, err
+		}
+		if err := env.settleWatchers(ctx, &cs.rpcs, q.failed); err != nil {
+			return Result{}, err
+		}
+		mems = append(mems, takeMemSnapshot())
+		s, err := env.serverSnapshot(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		snaps = append(snaps, s)
+		parts = []int{w / 2, w - w/2}
+	}
 	for _, n := range parts {
 		if err := q.add(ctx, wctx, impl, n); err != nil {
 			return Result{}, err
 		}
 		mems = append(mems, takeMemSnapshot())
+	}
+	var server *ServerCost
+	if spec.server {
+		s, err := env.serverSnapshot(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		server = serverCost(int64(w), snaps[0], snaps[1], s)
 	}
 
 	keys, err := env.queue(ctx, name)
@@ -161,8 +228,32 @@ func drain(ctx context.Context, env *Env, impl Impl, timer Timer, spec queueSpec
 		return Result{}, err
 	}
 	res := mt.result()
-	res.Queue = queueCost(int64(parts[1]), int64(parts[2]), mems[0], mems[1], mems[2])
+	// The last two parts, from the snapshot before them.
+	n, m := len(parts), len(mems)
+	res.Queue = queueCost(int64(parts[n-2]), int64(parts[n-1]), mems[m-3], mems[m-2], mems[m-1])
+	res.Server = server
 	return res, nil
+}
+
+// keepAliveWait bounds waitKeepAlives: the default TTL of both
+// implementations' sessions, which renew every third of it.
+const keepAliveWait = 15 * time.Second
+
+// waitKeepAlives returns once the clients counted in rpcs have opened n
+// lease keepalive streams, one per client, or keepAliveWait has passed.
+// etcd's sessions open their client's stream as they start, ours at
+// their first renewal: a stream opened while the waiters join would count
+// as theirs.
+func waitKeepAlives(ctx context.Context, rpcs *rpcCount, n int, failed func() error) error {
+	wctx, cancel := context.WithTimeout(ctx, keepAliveWait)
+	defer cancel()
+	err := poll(wctx, pollInterval, func() (bool, error) {
+		return rpcs.keepAlive.Load() >= int64(n), failed()
+	})
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil // waited long enough: measured as it is
+	}
+	return err
 }
 
 // checkOrder checks that the waiters got the lock in the order of the
@@ -213,7 +304,8 @@ type queue struct {
 	cs     *clients
 	name   string
 	cancel context.CancelFunc // makes the waiters' Lock return
-	ss     []Session
+	ss     []Session          // of the waiters, those not waiting yet last
+	joined int                // waiters started: q.ss[:joined]
 
 	capacity int64                       // most waiters holding at once
 	newLock  func(Session, string) Mutex // a waiter's lock
@@ -245,15 +337,30 @@ func (q *queue) setMeter(mt *meter, want int, ops int64, hold bool) {
 	}
 }
 
-// add starts n more waiters with new sessions and returns once they are all
-// queued and idle.
-func (q *queue) add(ctx, wctx context.Context, impl Impl, n int) error {
-	ss, err := newSessions(ctx, impl, q.cs.clis, n)
+// addSessions makes n more sessions for waiters, the i-th waiter's on
+// client i mod the number of clients, without starting the waiters.
+func (q *queue) addSessions(ctx context.Context, impl Impl, n int) error {
+	k := len(q.ss)
+	clis := q.cs.clis
+	// Session j of newSessions goes to client j mod len(clis).
+	rotated := append(slices.Clone(clis[k%len(clis):]), clis[:k%len(clis)]...)
+	ss, err := newSessions(ctx, impl, rotated, n)
 	if err != nil {
 		return err
 	}
 	q.ss = append(q.ss, ss...)
-	for _, s := range ss {
+	return nil
+}
+
+// add starts n more waiters, with the sessions addSessions made or new
+// ones, and returns once they are all queued and idle.
+func (q *queue) add(ctx, wctx context.Context, impl Impl, n int) error {
+	if more := q.joined + n - len(q.ss); more > 0 {
+		if err := q.addSessions(ctx, impl, more); err != nil {
+			return err
+		}
+	}
+	for _, s := range q.ss[q.joined : q.joined+n] {
 		m, key := q.newLock(s, q.name), waiterKey(q.name, s.Lease())
 		q.wg.Add(1)
 		go func() {
@@ -261,7 +368,8 @@ func (q *queue) add(ctx, wctx context.Context, impl Impl, n int) error {
 			q.waiter(wctx, m, key)
 		}()
 	}
-	return q.settle(ctx, int64(len(q.ss)+1))
+	q.joined += n
+	return q.settle(ctx, int64(q.joined+1))
 }
 
 func (q *queue) waiter(ctx context.Context, m Mutex, key string) {

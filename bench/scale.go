@@ -24,6 +24,14 @@ import (
 //     etcd ignores the limit of a range sorted by create revision or
 //     filtered by revision: it reads the whole prefix, then sorts and cuts.
 //     This shows what that costs the members per read (server-us/op);
+//   - waiters-8-clients-10000, waiters-own-client-10000: the waiters-…
+//     scenarios of Scenarios with 10 000 waiters, one session each, over 8
+//     clients or each on its own client: what the waiting costs the etcd
+//     member (watch streams for the whole queue, heap after a GC and
+//     goroutines per waiter, read from its /metrics) and the client
+//     (heap, stacks and goroutines per waiter), then the drain's time per
+//     handoff. With 10 000 clients, the bench process and the member each
+//     hold about 10 000 connections: mind the open files limit;
 //   - held-10000: 10 000 locks, each of its own name, held at once through
 //     16 sessions (one per client); the memory and goroutines are per held
 //     lock, the time per Lock (issued 32 at a time);
@@ -45,6 +53,16 @@ var ScaleScenarios = []Scenario{
 	{
 		Name: "queue-read-3000", Unit: "queue read", N: 1, ShortN: 1,
 		Run: queueRead(3000),
+	},
+	{
+		Name: "waiters-8-clients-10000", Unit: "handoff", N: 1, ShortN: 1,
+		Targets: waitersTargets(8),
+		Run:     waiters("waiters-8-clients-10000", 10000, 8),
+	},
+	{
+		Name: "waiters-own-client-10000", Unit: "handoff", N: 1, ShortN: 1,
+		Targets: waitersTargets(10000),
+		Run:     waiters("waiters-own-client-10000", 10000, 10000),
 	},
 	{
 		Name: "held-10000", Unit: "held lock", N: 1, ShortN: 1,

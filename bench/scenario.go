@@ -102,6 +102,18 @@ var Scenarios = []Scenario{
 		Run:     fifo(1000),
 	},
 	{
+		// Issue 18's targets: etcd's clients share one watch stream each,
+		// and the server's cost per waiter follows.
+		Name: "waiters-8-clients-1000", Unit: "handoff", Short: false, N: 1, ShortN: 1,
+		Targets: waitersTargets(8),
+		Run:     waiters("waiters-8-clients-1000", 1000, 8),
+	},
+	{
+		Name: "waiters-own-client-1000", Unit: "handoff", Short: false, N: 1, ShortN: 1,
+		Targets: waitersTargets(1000),
+		Run:     waiters("waiters-own-client-1000", 1000, 1000),
+	},
+	{
 		Name: "rw-uncontended-read", Unit: "RLock+RUnlock", Short: true, N: 100, ShortN: 20,
 		Targets:  []Target{RatioAtMost(1.0), RPCsEqual(2)},
 		Baseline: "etcd recipe RWMutex",
@@ -170,6 +182,16 @@ var Scenarios = []Scenario{
 		Baseline: "etcdlock Semaphore (sem-fifo-100)",
 		Run:      semFIFO(1000, 4),
 	},
+}
+
+// waitersTargets are the goals of the waiters-… scenarios on clients
+// clients: a watch stream per client at most, and per waiter no more than
+// etcd's Mutex costs, give or take a fifth.
+func waitersTargets(clients int) []Target {
+	return []Target{
+		ServerStreamsAtMost(float64(clients)), ServerHeapAtMost(1.2), ServerGoroutinesAtMost(1.2),
+		ClientHeapAtMost(1.2), ClientGoroutinesAtMost(1),
+	}
 }
 
 // pair returns one iteration of an uncontended scenario: lock, then unlock.

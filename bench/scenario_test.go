@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -44,6 +45,55 @@ func TestScenarios(t *testing.T) {
 			require.GreaterOrEqual(t, r.Queue.Goroutines, 1.0, "a waiter has at least the goroutine in Lock")
 		})
 	}
+}
+
+// TestWaitersScenario runs the waiters-… scenario small, for both
+// implementations, and checks that what it reads from the etcd member is
+// there and makes sense (no timing is checked).
+func TestWaitersScenario(t *testing.T) {
+	env, err := NewEnv(t.TempDir(), 1)
+	require.NoError(t, err)
+	t.Cleanup(env.Close)
+
+	const w, clients = 20, 4
+	for _, impl := range Impls {
+		t.Run(impl.Name, func(t *testing.T) {
+			r, err := waiters("waiters-test", w, clients)(t.Context(), env, impl, 1, nil)
+			require.NoError(t, err)
+			require.EqualValues(t, w, r.Ops)
+			require.NotNil(t, r.Queue)
+			require.NotNil(t, r.Server)
+			require.EqualValues(t, w, r.Server.Waiters)
+			require.True(t, r.Server.GC, "the member collects its garbage when asked (pprof on)")
+			require.Positive(t, r.Server.Streams, "the waiters watch")
+			if impl.Name == Etcd.Name {
+				require.LessOrEqual(t, r.Server.Streams, float64(clients), "etcd's client shares one watch stream")
+			}
+			for what, x := range map[string]float64{
+				"server heap": r.Server.Heap, "server goroutines": r.Server.Goroutines,
+				"client heap": r.Queue.ClientHeap, "client stack": r.Queue.Stack, "client goroutines": r.Queue.Goroutines,
+			} {
+				require.False(t, math.IsNaN(x) || math.IsInf(x, 0), "%s per waiter: %v", what, x)
+			}
+			t.Logf("server: %d streams, %.0f B and %.2f goroutines per waiter; client: %.0f B heap, %.2f goroutines per waiter",
+				int(r.Server.Streams), r.Server.Heap, r.Server.Goroutines, r.Queue.ClientHeap, r.Queue.Goroutines)
+			require.GreaterOrEqual(t, r.Queue.Goroutines, 1.0, "a waiter has at least the goroutine in Lock")
+
+			s := Summarize([]Result{r, r})
+			require.Equal(t, *r.Server, *s.Server)
+			sum := *r.Add(r).Server.add(nil)
+			require.EqualValues(t, 2*w, sum.Waiters)
+			sum.Waiters = w
+			require.Equal(t, *r.Server, sum, "the average of two equal costs")
+		})
+	}
+	for _, name := range []string{"waiters-8-clients-1000", "waiters-own-client-1000", "waiters-8-clients-10000", "waiters-own-client-10000"} {
+		_, ok := Lookup(name)
+		require.True(t, ok, name)
+	}
+	// A target on a figure that was not measured is missed, not a panic.
+	require.False(t, ServerHeapAtMost(1.2).Met(Summary{}, Summary{}))
+	require.False(t, ClientGoroutinesAtMost(1).Met(Summary{}, Summary{}))
 }
 
 // TestRWSemScenarios runs the RWMutex and Semaphore scenarios, small, for

@@ -17,9 +17,10 @@ type Summary struct {
 	RevsPerOp              float64
 	AllocsPerOp            float64
 	BytesPerOp             float64
-	ServerCPUPerOp         float64    // ns of the etcd members' CPU
-	ClientCPUPerOp         float64    // ns of the clients' CPU
-	Queue                  *QueueCost // medians; nil but for FIFO scenarios
+	ServerCPUPerOp         float64     // ns of the etcd members' CPU
+	ClientCPUPerOp         float64     // ns of the clients' CPU
+	Queue                  *QueueCost  // medians; nil but for FIFO scenarios
+	Server                 *ServerCost // medians; nil but where measured
 }
 
 // Summarize returns the medians of rs, one Result per round.
@@ -59,6 +60,18 @@ func Summarize(rs []Result) Summary {
 			Stack:      q(func(c *QueueCost) float64 { return c.Stack }),
 			Goroutines: q(func(c *QueueCost) float64 { return c.Goroutines }),
 			Growth:     q(func(c *QueueCost) float64 { return c.Growth }),
+		}
+	}
+	if len(rs) > 0 && rs[0].Server != nil {
+		q := func(f func(*ServerCost) float64) float64 {
+			return med(func(r Result) float64 { return f(r.Server) })
+		}
+		s.Server = &ServerCost{
+			Waiters:    rs[0].Server.Waiters,
+			Streams:    q(func(c *ServerCost) float64 { return c.Streams }),
+			Heap:       q(func(c *ServerCost) float64 { return c.Heap }),
+			Goroutines: q(func(c *ServerCost) float64 { return c.Goroutines }),
+			GC:         !slices.ContainsFunc(rs, func(r Result) bool { return !r.Server.GC }),
 		}
 	}
 	return s
@@ -142,6 +155,74 @@ func ConstantMemory(x float64) Target {
 		Text: fmt.Sprintf("mem O(1) (2nd/1st half<=%.1f)", x),
 		Met: func(ours, _ Summary) bool {
 			return ours.Queue != nil && ours.Queue.Growth <= x
+		},
+	}
+}
+
+// ServerStreamsAtMost is the goal that the etcd members keep at most n
+// watch streams open for our waiters (ServerCost.Streams): with n the
+// number of clients, one stream per client, as etcd's clients share one.
+func ServerStreamsAtMost(n float64) Target {
+	return Target{
+		Text: fmt.Sprintf("server streams<=%g", n),
+		Met:  func(ours, _ Summary) bool { return ours.Server != nil && ours.Server.Streams <= n },
+	}
+}
+
+// ServerHeapAtMost is the goal that a waiter grows the etcd members' heap
+// by at most x times what etcd's Mutex's waiter does.
+func ServerHeapAtMost(x float64) Target {
+	return perWaiterAtMost("server heap", x, func(s Summary) (float64, bool) {
+		if s.Server == nil {
+			return 0, false
+		}
+		return s.Server.Heap, true
+	})
+}
+
+// ServerGoroutinesAtMost is the goal that a waiter adds at most x times
+// the goroutines to the etcd members that etcd's Mutex's waiter does.
+func ServerGoroutinesAtMost(x float64) Target {
+	return perWaiterAtMost("server goroutines", x, func(s Summary) (float64, bool) {
+		if s.Server == nil {
+			return 0, false
+		}
+		return s.Server.Goroutines, true
+	})
+}
+
+// ClientHeapAtMost is the goal that a waiter's client heap is at most x
+// times that of etcd's Mutex's waiter.
+func ClientHeapAtMost(x float64) Target {
+	return perWaiterAtMost("client heap", x, func(s Summary) (float64, bool) {
+		if s.Queue == nil {
+			return 0, false
+		}
+		return s.Queue.ClientHeap, true
+	})
+}
+
+// ClientGoroutinesAtMost is the goal that a waiter has at most x times
+// the client goroutines of etcd's Mutex's waiter.
+func ClientGoroutinesAtMost(x float64) Target {
+	return perWaiterAtMost("client goroutines", x, func(s Summary) (float64, bool) {
+		if s.Queue == nil {
+			return 0, false
+		}
+		return s.Queue.Goroutines, true
+	})
+}
+
+// perWaiterAtMost is the goal that ours is at most x times theirs in the
+// figure per waiter that f returns (with false when it was not measured).
+// It compares products, not a ratio: theirs may be 0.
+func perWaiterAtMost(what string, x float64, f func(Summary) (float64, bool)) Target {
+	return Target{
+		Text: fmt.Sprintf("%s<=%gx", what, x),
+		Met: func(ours, theirs Summary) bool {
+			o, ok := f(ours)
+			t, ok2 := f(theirs)
+			return ok && ok2 && o <= x*t
 		},
 	}
 }

@@ -11,7 +11,8 @@
 //	-rounds n      rounds; each runs every scenario once per implementation,
 //	               in alternating order (default 5)
 //	-scenarios re  run only the scenarios whose name matches re
-//	-short         fewer operations per round, and no fifo-1000
+//	-short         fewer operations per round, and none of the slow
+//	               scenarios (fifo-1000, sem-fifo-1000, waiters-…)
 //
 // Progress goes to standard error, the tables to standard output. The
 // command exits 1 if a scenario fails (two holders at once, FIFO order
@@ -42,7 +43,7 @@ func main() {
 	members := flag.Int("members", 1, "members of the etcd cluster: 1 or 3")
 	rounds := flag.Int("rounds", 5, "rounds; each runs every scenario once per implementation")
 	filter := flag.String("scenarios", "", "run only the scenarios whose name matches this regexp")
-	short := flag.Bool("short", false, "fewer operations per round, and no fifo-1000")
+	short := flag.Bool("short", false, "fewer operations per round, and none of the slow scenarios (fifo-1000, waiters-…)")
 	flag.Parse()
 	if err := run(*members, *rounds, *filter, *short); err != nil {
 		fmt.Fprintln(os.Stderr, "compare:", err)
@@ -160,7 +161,7 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\tper\tetcdlock time/op\ttheirs time/op\tratio\trpcs/op ours|theirs\tka/op ours|theirs\trevs/op ours|theirs\tallocs/op ours|theirs\tcpu/op etcd+clients ours|theirs\ttheirs\ttargets\tmet")
 	summary := func(ref bench.Ref) bench.Summary { return bench.Summarize(res[ref.Scenario][ref.Impl]) }
-	var queues []bench.Scenario
+	var queues, servers []bench.Scenario
 	var versus []string // lines for the targets against another scenario
 	for _, sc := range scenarios {
 		ref := sc.Theirs()
@@ -186,6 +187,9 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 		if o.Queue != nil {
 			queues = append(queues, sc)
 		}
+		if o.Server != nil {
+			servers = append(servers, sc)
+		}
 		for _, t := range sc.Targets {
 			if t.Versus != nil {
 				v := summary(*t.Versus)
@@ -203,7 +207,11 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	}
 
 	fmt.Fprintf(w, "\nper waiting Mutex (medians): client B = heap + goroutine stacks of this process (etcd runs in processes of its own);\n")
-	fmt.Fprintf(w, "growth = heap per waiter of the last half of the queue over the first half (1 = O(1))\n\n")
+	fmt.Fprintf(w, "growth = heap per waiter of the last half of the queue over the first half (1 = O(1))\n")
+	if len(servers) > 0 {
+		fmt.Fprintf(w, "waiters-…: the waiting alone, every session made before the first snapshot; the others: waiter and session, after a first tenth\n")
+	}
+	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\timpl\twaiters measured\tclient B\tof which heap\tof which stack\tgoroutines\tgrowth")
 	for _, sc := range queues {
@@ -214,6 +222,33 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 			q := bench.Summarize(res[sc.Name][impl]).Queue
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\n",
 				sc.Name, impl, q.Waiters, q.ClientHeap+q.Stack, q.ClientHeap, q.Stack, q.Goroutines, q.Growth)
+		}
+	}
+	tw.Flush()
+	printServer(w, servers, res)
+}
+
+// printServer prints what the waiters of the scenarios cost the etcd
+// members, read from the members themselves.
+func printServer(w io.Writer, scenarios []bench.Scenario, res results) {
+	if len(scenarios) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nper waiting Mutex, etcd server (medians; read from the members' /metrics, summed over them): streams = watch streams open\n")
+	fmt.Fprintf(w, "with every waiter waiting (for the whole queue); heap (after a GC of each member) and goroutines per waiter, from every session made to every waiter waiting\n\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\timpl\twaiters\tserver streams\tserver heap B\tserver goroutines\tGC")
+	for _, sc := range scenarios {
+		for _, impl := range []string{bench.Etcdlock.Name, bench.Etcd.Name} {
+			if !sc.RunsFor(impl) {
+				continue
+			}
+			s := bench.Summarize(res[sc.Name][impl]).Server
+			gc := "yes"
+			if !s.GC {
+				gc = "no: heap with garbage"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.0f\t%.2f\t%s\n", sc.Name, impl, s.Waiters, s.Streams, s.Heap, s.Goroutines, gc)
 		}
 	}
 	tw.Flush()
