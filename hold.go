@@ -45,7 +45,7 @@ type hold struct {
 type holdLimit struct {
 	lease    clientv3.LeaseID
 	deadline time.Time   // the hold surely ends by then; Done closes before
-	timer    *time.Timer // ends the hold then, once Done watches it; guarded by lossWatcher.mu
+	timer    *time.Timer // ends the hold then, once Done watches it; guarded by sessionWatcher.mu
 }
 
 // maxLease returns the WithMaxHold lease of h's key, or 0.
@@ -75,7 +75,7 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 //
 // The first call of a hold starts watching the key, from the revision at
 // which the hold was admitted, on the watch stream the session shares
-// among its holds (see lossWatcher): no goroutine and no read per hold;
+// among its holds (see sessionWatcher): no goroutine and no read per hold;
 // the plain Lock/Unlock path opens no watch. When the key goes, the watch
 // asks etcd whether its lease still exists, so that Err tells a revoked or
 // expired lease ("lease ... was revoked or expired"; the session ends with

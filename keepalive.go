@@ -36,35 +36,36 @@ import (
 // another connection, to another endpoint.
 
 // keepers holds the keeper of each client that has sessions.
-var keepers struct {
-	mu sync.Mutex // guards m and every keeper's refs
-	m  map[*clientv3.Client]*keeper
-}
+var keepers clientShared[*keeper]
 
 // A keeper sends the lease renewals of the sessions of one client on one
-// LeaseKeepAlive stream, and opens another when it breaks or is stuck
-// (see stuckAfter). It opens the stream when there is a first renewal to
-// send, not when it starts: a session makes no call beyond its Grant
-// until its first renewal. It
-// starts with the client's first session and ends when the last one ends
-// or the client is closed. It is safe for concurrent use.
+// LeaseKeepAlive stream (its runner's), and opens another when it breaks
+// or is stuck (see stuckAfter). It opens the stream when there is a first
+// renewal to send, not when it starts: a session makes no call beyond its
+// Grant until its first renewal. It starts with the client's first
+// session and ends when the last one ends or the client is closed. It is
+// safe for concurrent use.
 type keeper struct {
 	cli    *clientv3.Client
 	lease  pb.LeaseClient  // nil: renew with cli.KeepAliveOnce
 	ctx    context.Context // ends when the last session leaves, or with the client
 	cancel context.CancelFunc
-	done   chan struct{} // closed when run has returned
-	wake   chan struct{} // tells run, or the stream's sender, the queue has grown; capacity 1
+	r      *streamRunner[*pb.LeaseKeepAliveRequest, *pb.LeaseKeepAliveResponse]
 
-	refs int // sessions using the keeper; guarded by keepers.mu
+	mu      sync.Mutex  // guards the fields below, and every renewal's sent and abandoned
+	queue   []*renewal  // asked for, not yet sent
+	st      *openStream // the open stream on which sent was sent, or nil
+	sent    keptStream  // what was sent on st and not answered
+	check   *time.Timer // looks whether st is stuck (checkStuck)
+	checkAt time.Time   // when check fires; zero when it is stopped
+}
 
-	mu      sync.Mutex                      // guards queue, pending, sending, heard, check, checkAt and every renewal's sent and abandoned
-	queue   []*renewal                      // asked for, not yet sent
-	pending map[clientv3.LeaseID][]*renewal // sent on the open stream, not yet answered: per lease, oldest first
-	sending bool                            // a stream is open and its sender may send
-	heard   time.Time                       // when a stream last delivered an answer
-	check   *time.Timer                     // tells serve to look whether the open stream is stuck
-	checkAt time.Time                       // when check fires; zero when it is stopped
+// A keptStream is what the keeper sent on one stream and still waits for.
+type keptStream struct {
+	// pending holds the requests sent and not answered, per lease, oldest
+	// first: etcd answers a stream's requests in order.
+	pending map[clientv3.LeaseID][]*renewal
+	heard   time.Time // when an answer last came on the stream
 }
 
 // A renewal is one keepalive request of a session.
@@ -100,11 +101,12 @@ var errStreamBroken = errors.New("lease keepalive stream broke before answering"
 // confirmed, the request goes out up to sendBatchDelay later, and the
 // session gives up at TTL less its margin (100ms up to a TTL of 5s, TTL/50
 // above). Waiting TTL/2 − 200ms leaves it TTL/6 + 200ms less those two for
-// the keeper's backoff (25ms after a stream that answered), a new stream
-// and a round trip: 167ms at etcd's minimum TTL of 1s, 500ms at 3s, 2.3s at
-// the default 15s. And an answer that takes up to 1.3s still counts at a
-// TTL of 3s, 7.3s at 15s. No plain fraction of the TTL does both: TTL/3
-// gives up on answers 1s late at 3s, TTL/2 leaves no time at all at 1s.
+// the runner's backoff (25ms after a stream that answered), a new stream
+// and a round trip: 167ms at etcd's minimum TTL of 1s, 500ms at 3s, 2.3s
+// at the default 15s. An answer later than the wait could not have saved a
+// session whose every answer is as late anyway: a session renews once its
+// last renewal is answered, so two answers in a row must come within its
+// TTL, and TTL/2 − 200ms is within 100ms of the most each may take.
 //
 // Answers to other requests are signs of life: a stream that keeps
 // answering is not stuck, however far behind it is (etcd answers a
@@ -114,10 +116,14 @@ func stuckAfter(ttl time.Duration) time.Duration {
 }
 
 // sendBatchDelay is how long the sender lets requests gather before it
-// sends them: see send.
+// sends them. etcd serves a burst of requests on a stream at a fraction of
+// the cost of the same requests one by one (a read, a wakeup and a write
+// each), and so does the client. A request sent later is counted from
+// then: the delay costs its session sendBatchDelay of its renewal interval
+// (TTL/3, 333ms at least), nothing of its safety.
 const sendBatchDelay = 100 * time.Millisecond
 
-// Backoff between keepalive streams when one breaks.
+// Backoff between streams when one breaks.
 const (
 	minStreamBackoff = 25 * time.Millisecond
 	maxStreamBackoff = time.Second
@@ -127,69 +133,50 @@ const (
 // The caller must call release once when done with it. A client without
 // a gRPC connection of its own (clientv3.NewCtxClient, as etcd's v3client
 // makes for an embedded server) gets a keeper that renews through the
-// client's Lease, one KeepAliveOnce per renewal, as before there were
-// keepers.
+// client's Lease, one KeepAliveOnce per renewal.
 func acquireKeeper(cli *clientv3.Client) *keeper {
-	if cli.ActiveConnection() == nil {
+	conn := cli.ActiveConnection()
+	if conn == nil {
 		return &keeper{cli: cli}
 	}
-	keepers.mu.Lock()
-	defer keepers.mu.Unlock()
-	if k := keepers.m[cli]; k != nil {
-		k.refs++
+	return keepers.acquire(cli, func() *keeper {
+		// The stream ends with the client: nothing can be renewed on a
+		// closed client, and its goroutines must not outlive it.
+		ctx, cancel := context.WithCancel(cli.Ctx())
+		k := &keeper{
+			cli:    cli,
+			lease:  pb.NewLeaseClient(conn),
+			ctx:    ctx,
+			cancel: cancel,
+			sent:   keptStream{pending: make(map[clientv3.LeaseID][]*renewal)},
+		}
+		k.r = newStreamRunner(ctx, &k.mu, streamUser[*pb.LeaseKeepAliveRequest, *pb.LeaseKeepAliveResponse](k))
+		k.r.batch = sendBatchDelay
+		k.check = time.AfterFunc(time.Hour, k.checkStuck)
+		k.check.Stop()
 		return k
-	}
-	if keepers.m == nil {
-		keepers.m = make(map[*clientv3.Client]*keeper)
-	}
-	// The stream ends with the client: nothing can be renewed on a closed
-	// client, and its goroutine must not outlive it.
-	ctx, cancel := context.WithCancel(cli.Ctx())
-	k := &keeper{
-		cli:     cli,
-		lease:   pb.NewLeaseClient(cli.ActiveConnection()),
-		ctx:     ctx,
-		cancel:  cancel,
-		done:    make(chan struct{}),
-		wake:    make(chan struct{}, 1),
-		refs:    1,
-		pending: make(map[clientv3.LeaseID][]*renewal),
-		check:   time.NewTimer(time.Hour),
-	}
-	k.check.Stop()
-	keepers.m[cli] = k
-	go k.run()
-	return k
+	})
 }
 
 // release gives back a keeper acquireKeeper returned. The last session
 // to release it stops it, and waits until its goroutines have ended.
 func (k *keeper) release() {
-	if k.lease == nil {
+	if k.lease == nil || !keepers.release(k.cli) {
 		return
 	}
-	keepers.mu.Lock()
-	k.refs--
-	last := k.refs == 0
-	if last {
-		// A session that starts from now on gets a keeper of its own.
-		delete(keepers.m, k.cli)
-	}
-	keepers.mu.Unlock()
-	if last {
-		k.cancel()
-		<-k.done
-	}
+	k.cancel()
+	k.r.stop()
+	k.check.Stop()
 }
 
 // renew sends a keepalive request for lease id and waits for its answer
 // until ctx ends. It returns when the request was sent and the TTL etcd
 // answered (0 or less when the lease does not exist), or an error: the
-// stream broke or was given up as stuck, or ctx ended. patience is how
-// long the request may wait for its answer on a silent stream before the
-// stream counts as stuck (see stuckAfter). A request waits for a stream
-// to be open; one not sent when ctx ends never is. A failed renewal
-// proves nothing; the caller may try again.
+// stream broke or was given up as stuck, or ctx ended. patience is how long the request may wait
+// for its answer on a silent stream before the stream counts as stuck
+// (see stuckAfter). A request waits for a stream to be open; one not sent
+// when ctx ends never is. A failed renewal proves nothing; the caller may
+// try again.
 func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID, patience time.Duration) (sent time.Time, ttl int64, err error) {
 	if k.lease == nil {
 		sent = time.Now()
@@ -205,8 +192,9 @@ func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID, patience time.D
 	r := &renewal{id: id, patience: patience, res: make(chan renewed, 1)}
 	k.mu.Lock()
 	k.queue = append(k.queue, r)
+	k.r.start()
 	k.mu.Unlock()
-	k.signal()
+	k.r.signal()
 	select {
 	case res := <-r.res:
 		return res.sent, res.ttl, res.err
@@ -219,232 +207,151 @@ func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID, patience time.D
 	}
 }
 
-// signal wakes run, or the open stream's sender.
-func (k *keeper) signal() {
-	select {
-	case k.wake <- struct{}{}:
-	default: // woken already
-	}
-}
-
-// run opens a stream when there is a renewal to send, serves it until it
-// breaks, and waits a little before the next one, until the keeper is
-// stopped or its client is closed.
-func (k *keeper) run() {
-	defer close(k.done)
-	backoff := minStreamBackoff
-	for {
-		select {
-		case <-k.ctx.Done():
-			return
-		case <-k.wake:
-		}
-		if k.serve() {
-			backoff = minStreamBackoff
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-k.ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		backoff = min(2*backoff, maxStreamBackoff)
-		k.mu.Lock()
-		left := len(k.queue) > 0
-		k.mu.Unlock()
-		if left {
-			k.signal() // the requests not sent go on the next stream
-		}
-	}
-}
-
-// serve opens one stream and serves it until it breaks, it is stuck or
-// the keeper stops. It reports whether etcd answered anything on it. The
-// requests sent on it and not answered fail: they prove nothing.
-func (k *keeper) serve() (answered bool) {
+// open opens a LeaseKeepAlive stream (streamUser).
+func (k *keeper) open(ctx context.Context) (bidi[*pb.LeaseKeepAliveRequest, *pb.LeaseKeepAliveResponse], error) {
 	// A member without a leader cannot renew a lease: with
 	// WithRequireLeader it ends the stream, and the next one may go to a
-	// member that can.
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(k.ctx))
-	defer cancel()
-	// WaitForReady: while the client has no connection, wait for one
-	// rather than fail at once (as etcd's client does for its calls).
-	stream, err := k.lease.LeaseKeepAlive(ctx, grpc.WaitForReady(true))
-	if err != nil {
-		k.signal() // the requests are still to be sent
-		return false
-	}
-	k.mu.Lock()
-	k.sending = true
-	k.mu.Unlock()
-	sendDone := make(chan struct{})
-	go func() {
-		defer close(sendDone)
-		k.send(ctx, stream)
-		cancel() // a failed send breaks the stream: Recv returns too
-	}()
-	recvDone := make(chan struct{})
-	go func() {
-		defer close(recvDone)
-		for {
-			resp, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			answered = true
-			k.answer(resp)
-		}
-	}()
-	// Watch for a stuck stream here, not in the sender or the receiver:
-	// either may be blocked on the stream for good (Send too, once the
-	// stream's flow control window is used up).
-	for done := false; !done; {
-		select {
-		case <-recvDone:
-			done = true
-		case <-k.check.C:
-			if k.stuck(time.Now()) {
-				cancel() // Recv returns
-				<-recvDone
-				done = true
-			}
-		}
-	}
-
-	k.mu.Lock()
-	k.sending = false // from now on the sender sends nothing
-	var failed []*renewal
-	for _, q := range k.pending {
-		failed = append(failed, q...)
-	}
-	clear(k.pending)
-	k.check.Stop()
-	k.checkAt = time.Time{}
-	k.mu.Unlock()
-	cancel()
-	<-sendDone
-	for _, r := range failed {
-		r.res <- renewed{err: errStreamBroken}
-	}
-	return answered
+	// member that can. WaitForReady: while the client has no connection,
+	// wait for one rather than fail at once (as etcd's client does for
+	// its calls).
+	return k.lease.LeaseKeepAlive(clientv3.WithRequireLeader(ctx), grpc.WaitForReady(true))
 }
 
-// send sends the queued requests on stream, in order, until ctx ends, a
-// send fails or serve stops it.
-func (k *keeper) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient) {
-	for {
-		for {
-			k.mu.Lock()
-			if !k.sending {
-				k.mu.Unlock()
-				return
-			}
-			var r *renewal
-			for r == nil && len(k.queue) > 0 {
-				r = k.queue[0]
-				k.queue[0] = nil
-				k.queue = k.queue[1:]
-				if r.abandoned {
-					r = nil
-				}
-			}
-			if r == nil {
-				k.mu.Unlock()
-				break
-			}
-			// Taken before the request goes out: etcd receives it, and
-			// extends the lease from then, no earlier than this.
-			r.sent = time.Now()
-			k.pending[r.id] = append(k.pending[r.id], r)
-			if due := r.sent.Add(r.patience); k.checkAt.IsZero() || due.Before(k.checkAt) {
-				k.checkAt = due
-				k.check.Reset(r.patience)
-			}
-			k.mu.Unlock()
-			if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(r.id)}); err != nil {
-				return
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-k.wake:
-		}
-		// Gather the requests of the next moment and send them together:
-		// etcd serves a burst of requests on a stream at a fraction of the
-		// cost of the same requests one by one (a read, a wakeup and a
-		// write each), and so does the client: at 1000 idle sessions,
-		// 100ms of gathering halves the CPU per renewal on both sides. A request sent later is counted from then: the delay
-		// costs its session sendBatchDelay of its renewal interval
-		// (TTL/3, 333ms at least), nothing of its safety.
-		t := time.NewTimer(sendBatchDelay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
+// next returns the next renewal to send on st, with k.mu held
+// (streamUser).
+func (k *keeper) next(st *openStream) (*pb.LeaseKeepAliveRequest, bool) {
+	var r *renewal
+	for r == nil && len(k.queue) > 0 {
+		r = k.queue[0]
+		k.queue[0] = nil
+		k.queue = k.queue[1:]
+		if r.abandoned {
+			r = nil
 		}
 	}
+	if r == nil {
+		return nil, false
+	}
+	k.st = st
+	// Taken before the request goes out: etcd receives it, and extends
+	// the lease from then, no earlier than this.
+	r.sent = time.Now()
+	k.sent.pending[r.id] = append(k.sent.pending[r.id], r)
+	if due := r.sent.Add(r.patience); k.checkAt.IsZero() || due.Before(k.checkAt) {
+		k.checkAt = due
+		k.check.Reset(r.patience)
+	}
+	return &pb.LeaseKeepAliveRequest{ID: int64(r.id)}, true
 }
 
-// answer hands etcd's answer to the oldest request for its lease that is
-// still unanswered on the stream: etcd answers a stream's requests in
-// order.
-func (k *keeper) answer(resp *pb.LeaseKeepAliveResponse) {
+// waiting reports, with k.mu held, whether there are renewals to send
+// (streamUser).
+func (k *keeper) waiting() bool { return len(k.queue) > 0 }
+
+// idle is never true: the keeper's stream stays open while it has
+// sessions, which renew every TTL/3 (streamUser).
+func (k *keeper) idle() bool { return false }
+
+// receive hands etcd's answer to the oldest request for its lease that is
+// still unanswered on the stream, since etcd answers a stream's requests
+// in order (streamUser).
+func (k *keeper) receive(_ *openStream, resp *pb.LeaseKeepAliveResponse) bool {
+	k.mu.Lock()
+	r := k.sent.answer(resp)
+	if len(k.sent.pending) == 0 && !k.checkAt.IsZero() {
+		// Nothing left to be stuck on: no need to look.
+		k.check.Stop()
+		k.checkAt = time.Time{}
+	}
+	var sent time.Time
+	if r != nil {
+		sent = r.sent
+	}
+	k.mu.Unlock()
+	if r != nil {
+		r.res <- renewed{sent: sent, ttl: resp.TTL}
+	}
+	return true
+}
+
+// answer takes the request resp answers off ks and returns it, or nil if
+// it answers no request of ours.
+func (ks *keptStream) answer(resp *pb.LeaseKeepAliveResponse) *renewal {
+	ks.heard = time.Now()
 	id := clientv3.LeaseID(resp.ID)
-	k.mu.Lock()
-	k.heard = time.Now()
-	q := k.pending[id]
+	q := ks.pending[id]
 	if len(q) == 0 {
-		// Not a request of ours: nothing to learn from it.
-		k.mu.Unlock()
-		return
+		return nil
 	}
 	r := q[0]
 	if len(q) == 1 {
-		delete(k.pending, id)
-		if len(k.pending) == 0 && !k.checkAt.IsZero() {
-			// Nothing left to be stuck on: no need to look.
-			k.check.Stop()
-			k.checkAt = time.Time{}
-		}
+		delete(ks.pending, id)
 	} else {
 		q[0] = nil
-		k.pending[id] = q[1:]
+		ks.pending[id] = q[1:]
 	}
-	sent := r.sent
-	k.mu.Unlock()
-	r.res <- renewed{sent: sent, ttl: resp.TTL}
+	return r
 }
 
-// stuck reports whether the open stream is stuck at now: a request on it
-// has waited for its patience for an answer, and the stream has delivered
-// nothing for as long. Then its sender sends nothing more. Otherwise it
-// sets check to fire when the next request is due.
-func (k *keeper) stuck(now time.Time) bool {
+// ended fails the renewals sent on the stream that ended and not answered:
+// they prove nothing (streamUser).
+func (k *keeper) ended(*openStream) {
+	k.mu.Lock()
+	var failed []*renewal
+	for _, q := range k.sent.pending {
+		failed = append(failed, q...)
+	}
+	clear(k.sent.pending)
+	k.st = nil
+	k.check.Stop()
+	k.checkAt = time.Time{}
+	k.mu.Unlock()
+	for _, r := range failed {
+		r.res <- renewed{err: errStreamBroken}
+	}
+}
+
+// checkStuck looks, when check fires, whether the open stream is stuck. If
+// it is, the keeper gives it up; otherwise it sets check to fire when the
+// next request is due. It runs on a timer's goroutine, not on the stream's
+// sender or receiver: either may be blocked on the stream for good (Send
+// too, once the stream's flow control window is used up).
+func (k *keeper) checkStuck() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var next time.Time
-	for _, q := range k.pending {
+	k.checkAt = time.Time{}
+	if k.st == nil {
+		return
+	}
+	stuck, next := k.sent.stuck(time.Now())
+	switch {
+	case stuck:
+		k.r.giveUp(k.st)
+	case !next.IsZero():
+		k.checkAt = next
+		k.check.Reset(time.Until(next))
+	}
+}
+
+// stuck reports whether the stream of ks is stuck at now: a request on it
+// has waited for its patience for an answer, and the stream has delivered
+// nothing for as long. Otherwise it returns when the next request is due,
+// or the zero time if none waits.
+func (ks *keptStream) stuck(now time.Time) (stuck bool, next time.Time) {
+	for _, q := range ks.pending {
 		for _, r := range q {
 			due := r.sent
-			if k.heard.After(due) {
-				due = k.heard
+			if ks.heard.After(due) {
+				due = ks.heard
 			}
 			due = due.Add(r.patience)
 			if !due.After(now) {
-				k.sending = false
-				return true
+				return true, time.Time{}
 			}
 			if next.IsZero() || due.Before(next) {
 				next = due
 			}
 		}
 	}
-	k.checkAt = next
-	if !next.IsZero() {
-		k.check.Reset(next.Sub(now))
-	}
-	return false
+	return false, next
 }

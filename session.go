@@ -56,8 +56,8 @@ type Session struct {
 	// watchCtx is endCtx with clientv3.WithRequireLeader: the watches
 	// made through the client's Watcher (see watchAlone) derive from it.
 	watchCtx context.Context
-	watcher  *lossWatcher // watches the keys of the session's holds and waiters, on the stream shared by cli's sessions
-	releaser *releaser    // sends the releases that Unlock left to the background
+	watcher  *sessionWatcher // watches the keys of the session's holds and waiters, on the stream shared by cli's sessions
+	releaser *releaser       // sends the releases that Unlock left to the background
 
 	stop     func()        // stops the keepalive loop
 	loopDone chan struct{} // closed when the keepalive loop returned
@@ -191,7 +191,7 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 		names:     make(map[string]nameLock),
 		ev:        newReporter(o.hooks, o.logger),
 	}
-	s.watcher = newLossWatcher(s)
+	s.watcher = newSessionWatcher(s)
 	s.releaser = newReleaser(s)
 	go s.keepAlive(ctx, unwatch)
 	return s, nil

@@ -847,7 +847,7 @@ func (q *queue) watched(blockers []entry) []string {
 // fails.
 func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freeing []string, readRev int64) (*pb.ResponseHeader, error) {
 	// The waiter's own key and its blockers are watched on the session's
-	// watch stream (see lossWatcher), which requires a leader: a member cut
+	// watch stream (see sessionWatcher), which requires a leader: a member cut
 	// off from the leader ends the stream rather than leaving it silent
 	// while the lock moves on elsewhere. The own key is watched from its
 	// creation on: a deletion after me.rev is its end, and no read is

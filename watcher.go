@@ -6,22 +6,17 @@ import (
 	"sync"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 )
 
 // The watches of every session of a client, the loss watch of each hold
 // whose Done was called, each waiter's watch on its own key and on its
 // blockers (the keys ahead that keep it out), share one Watch stream of
-// the client, as its leases share one keepalive stream (see keeper). On
-// etcd a stream costs goroutines and memory for as long as it is open, so
-// a stream per session would make etcd pay for every waiting session.
-// Through etcd's client each watch would cost a goroutine of its own in the
-// client, and more than a kilobyte of its state; here a watch is an entry
-// in a map, and a waiter costs no goroutine but its own.
+// the client (watchStream; see stream.go for why). Through etcd's client
+// each watch would cost a goroutine of its own in the client, and more
+// than a kilobyte of its state; here a watch is an entry in a map, and a
+// waiter costs no goroutine but its own.
 //
 // A watch starts at a revision at which its key was known to be the
 // incarnation watched (a hold's admission, a waiter's creation), so a
@@ -39,113 +34,25 @@ import (
 // whose events come at once (the handoff waits on them; see watchTurn),
 // and the waiter closes the gap before it with one read. It is not made
 // again when the stream breaks or etcd ends it: the waiter is told
-// (waitWatch.broken), reads the queue again and watches anew, as it did
-// when each blocker had a watch of etcd's client.
+// (waitWatch.broken), reads the queue again and watches anew.
 
-// A watchStream is the Watch stream of one client, shared by the
-// lossWatchers of its sessions. It opens the stream when there is a watch
-// to make, opens it again, after a pause, when it breaks, and closes it
-// when it has had nothing to watch for idleStreamTimeout. Its goroutines
-// (two while a stream is open: one receives, one sends; none while idle)
-// end at the latest when the last session of the client releases it.
-type watchStream struct {
-	cli    *clientv3.Client
-	wc     pb.WatchClient
-	ctx    context.Context // the client's, with WithRequireLeader; ends at the last release
-	cancel context.CancelFunc
-	refs   int           // sessions using it; guarded by watchStreams.mu
-	wake   chan struct{} // tells run, or the open stream's sender, there is a request to send; capacity 1
-
-	mu       sync.Mutex    // guards the fields below, and those of the lossWatchers of the client (see there)
-	started  bool          // run is running
-	done     chan struct{} // closed when the last run started has returned
-	watching int           // the watches not finished, of every session
-	queue    []*keyWatch   // to create on the open stream, or the next one; finished ones are skipped
-	creating []*keyWatch   // create requests sent on the open stream and not answered, in order
-	ids      map[int64]*keyWatch
-	cancels  []int64 // watch IDs to cancel on the open stream
-	sending  bool    // a stream is open and its sender may send
-}
-
-// watchStreams are the watch streams of the process, one per client with
-// sessions.
-var watchStreams struct {
-	mu sync.Mutex
-	m  map[*clientv3.Client]*watchStream
-}
-
-// acquireWatchStream returns the watch stream of cli for a new session, or
-// nil for a client without a gRPC connection of its own
-// (clientv3.NewCtxClient): it has no stream to share, and its watches go
-// through its Watcher (see watchAlone).
-func acquireWatchStream(cli *clientv3.Client) *watchStream {
-	conn := cli.ActiveConnection()
-	if conn == nil {
-		return nil
-	}
-	watchStreams.mu.Lock()
-	defer watchStreams.mu.Unlock()
-	if ws := watchStreams.m[cli]; ws != nil {
-		ws.refs++
-		return ws
-	}
-	if watchStreams.m == nil {
-		watchStreams.m = make(map[*clientv3.Client]*watchStream)
-	}
-	// WithRequireLeader: a member cut off from its leader ends the
-	// stream rather than leave its watches silent.
-	ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(cli.Ctx(), requireLeaderMD))
-	ws := &watchStream{
-		cli:    cli,
-		wc:     pb.NewWatchClient(conn),
-		ctx:    ctx,
-		cancel: cancel,
-		refs:   1,
-		wake:   make(chan struct{}, 1),
-		ids:    make(map[int64]*keyWatch),
-	}
-	watchStreams.m[cli] = ws
-	return ws
-}
-
-// release gives back a stream acquireWatchStream returned, once the
-// session's watches have all finished. The last session to release it
-// closes it, and waits until its goroutines have ended.
-func (ws *watchStream) release() {
-	watchStreams.mu.Lock()
-	ws.refs--
-	last := ws.refs == 0
-	if last {
-		// A session that starts from now on gets a stream of its own.
-		delete(watchStreams.m, ws.cli)
-	}
-	watchStreams.mu.Unlock()
-	if !last {
-		return
-	}
-	ws.cancel()
-	ws.mu.Lock()
-	started, done := ws.started, ws.done
-	ws.mu.Unlock()
-	if started {
-		<-done
-	}
-}
-
-// A lossWatcher keeps the key watches of one session, on its client's
-// watch stream. When the session ends it ends every watch: each hold is
-// lost with it, and each waiter told. It is safe for concurrent use.
-type lossWatcher struct {
+// A sessionWatcher keeps the key watches of one session on its client's
+// watch stream: each hold's loss watch (and its WithMaxHold timer), each
+// waiter's watches on its own key and its blockers. It probes a key whose
+// watch cannot resume (probe). When the session ends it ends every watch:
+// each hold is lost with it, and each waiter told. It is safe for
+// concurrent use.
+type sessionWatcher struct {
 	s    *Session
 	ws   *watchStream // nil: each watch is made through the client's Watcher (see watchAlone)
 	busy sync.WaitGroup
 	// endDone is closed when the session's end has ended every watch and
-	// the goroutines that look into keys (see look), and watchAlone's,
+	// the goroutines that probe keys (see probe), and watchAlone's,
 	// have returned.
 	endDone chan struct{}
 
 	// mu is ws.mu, or own without a stream. It guards the fields below,
-	// the state, id, from and look of every keyWatch, and its waitWatch
+	// the state, id, from and probe of every keyWatch, and its waitWatch
 	// and blockerWatch (see there).
 	mu      *sync.Mutex
 	own     sync.Mutex
@@ -159,7 +66,7 @@ type lossWatcher struct {
 // (ww is set: the waiter is told); or, when b is set, a waiter's blocker
 // (see blockerWatch).
 type keyWatch struct {
-	w     *lossWatcher
+	w     *sessionWatcher
 	q     *queue
 	h     *hold         // the hold it watches, or nil
 	ww    *waitWatch    // the waiter it tells, or nil
@@ -168,7 +75,7 @@ type keyWatch struct {
 	from  int64         // the first revision at which a deletion is the key's end; 0: read the key first (a blocker's: watch from now)
 	id    int64         // the watch's ID on the open stream, in state watchActive
 	state watchState
-	look  *watchLook  // the last goroutine that looked into the key
+	probe *keyProbe   // the last goroutine that probed the key
 	pause *time.Timer // queues the watch again after etcd refused it, in state watchPaused
 	// refusals counts etcd's refusals of the watch in a row: the pause
 	// before the next attempt doubles with each.
@@ -183,12 +90,12 @@ type blockerWatch struct {
 	kw      keyWatch
 	key     string
 	mode    KeyMode // the blocker's mode when it was read
-	created int64   // the revision at which etcd created the watch; 0 until then; guarded by lossWatcher.mu
+	created int64   // the revision at which etcd created the watch; 0 until then; guarded by sessionWatcher.mu
 }
 
 // A waitWatch is what a waiting Lock's watches, on its own key and on its
 // blockers, tell it. The fields but wake and puts are guarded by
-// lossWatcher.mu.
+// sessionWatcher.mu.
 type waitWatch struct {
 	wake   chan struct{}  // capacity 1: there is news
 	puts   bool           // a reader: its watches on single blockers see Puts too
@@ -237,15 +144,15 @@ const (
 	watchQueued   watchState = iota // to be created on a stream
 	watchCreating                   // its create request was sent
 	watchActive                     // created on the open stream, as id
-	watchLooking                    // a goroutine looks into the key (see look)
+	watchProbing                    // a goroutine probes the key (see probe)
 	watchPaused                     // etcd refused it: made again after a pause (see refused)
 	watchFinished                   // stopped, its key gone, or the session ended
 )
 
-// A watchLook is a goroutine that looks into a watched key: it reads the
+// A keyProbe is a goroutine that probes a watched key: it reads the
 // key when its watch cannot resume (compaction), or asks why a held key
 // went (holdGone). Both its contexts end with the session.
-type watchLook struct {
+type keyProbe struct {
 	done     chan struct{}      // closed when it returned
 	waitCtx  context.Context    // its pauses between reads
 	stopWait context.CancelFunc // stops its pauses: the watch is no longer wanted
@@ -253,10 +160,10 @@ type watchLook struct {
 	stopRPC  context.CancelFunc // cancels its RPCs
 }
 
-// newLossWatcher returns the watcher of s's keys, which ends them all
+// newSessionWatcher returns the watcher of s's keys, which ends them all
 // when s ends; it starts nothing.
-func newLossWatcher(s *Session) *lossWatcher {
-	w := &lossWatcher{s: s, ws: acquireWatchStream(s.cli), endDone: make(chan struct{})}
+func newSessionWatcher(s *Session) *sessionWatcher {
+	w := &sessionWatcher{s: s, ws: acquireWatchStream(s.cli), endDone: make(chan struct{})}
 	w.mu = &w.own
 	if w.ws != nil {
 		w.mu = &w.ws.mu
@@ -268,7 +175,7 @@ func newLossWatcher(s *Session) *lossWatcher {
 // watchHold starts watching h's key, from h's admission on, and returns
 // the watch, or nil if the session has ended (then the hold is lost).
 // Called with h's queue.mu held.
-func (w *lossWatcher) watchHold(q *queue, h *hold) *keyWatch {
+func (w *sessionWatcher) watchHold(q *queue, h *hold) *keyWatch {
 	from := int64(0)
 	if h.hdr != nil {
 		from = h.hdr.Revision + 1
@@ -283,7 +190,7 @@ func (w *lossWatcher) watchHold(q *queue, h *hold) *keyWatch {
 // watchOwn starts watching a waiter's own key, created at rev, and returns
 // the watch and what the waiter's watches tell it: gone is set when the
 // key is deleted, or the session ends. puts is set for a reader.
-func (w *lossWatcher) watchOwn(q *queue, rev int64, puts bool) (*keyWatch, *waitWatch) {
+func (w *sessionWatcher) watchOwn(q *queue, rev int64, puts bool) (*keyWatch, *waitWatch) {
 	ww := &waitWatch{wake: make(chan struct{}, 1), puts: puts}
 	kw := &keyWatch{w: w, q: q, ww: ww, rev: rev, from: rev + 1}
 	if !w.add(kw) {
@@ -298,7 +205,7 @@ func (w *lossWatcher) watchOwn(q *queue, rev int64, puts bool) (*keyWatch, *wait
 // prefix) from now on, and returns the watch. Its created revision is set
 // once etcd made it; its events are ww's; if it ends without its event
 // (the stream broke, or the session ended), ww.broken is set.
-func (w *lossWatcher) watchBlocker(q *queue, ww *waitWatch, key string, mode KeyMode) *blockerWatch {
+func (w *sessionWatcher) watchBlocker(q *queue, ww *waitWatch, key string, mode KeyMode) *blockerWatch {
 	b := &blockerWatch{key: key, mode: mode}
 	b.kw.w, b.kw.q, b.kw.ww, b.kw.b = w, q, ww, b
 	if !w.add(&b.kw) {
@@ -310,7 +217,7 @@ func (w *lossWatcher) watchBlocker(q *queue, ww *waitWatch, key string, mode Key
 }
 
 // stopBlockers stops the watches of bs.
-func (w *lossWatcher) stopBlockers(bs []*blockerWatch) {
+func (w *sessionWatcher) stopBlockers(bs []*blockerWatch) {
 	if len(bs) == 0 {
 		return
 	}
@@ -322,7 +229,7 @@ func (w *lossWatcher) stopBlockers(bs []*blockerWatch) {
 }
 
 // add starts kw. It reports false if the session has ended.
-func (w *lossWatcher) add(kw *keyWatch) bool {
+func (w *sessionWatcher) add(kw *keyWatch) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ended {
@@ -340,14 +247,10 @@ func (w *lossWatcher) add(kw *keyWatch) bool {
 	}
 	if ws := w.ws; ws != nil {
 		ws.watching++
-		if !ws.started {
-			ws.started = true
-			ws.done = make(chan struct{})
-			go ws.run(ws.done)
-		}
+		ws.r.start()
 	}
 	if kw.from == 0 && kw.b == nil {
-		w.look(kw, true)
+		w.probe(kw, true)
 	} else {
 		w.enqueue(kw)
 	}
@@ -356,45 +259,37 @@ func (w *lossWatcher) add(kw *keyWatch) bool {
 
 // enqueue has kw created on the open stream, or the next one. Called with
 // w.mu held.
-func (w *lossWatcher) enqueue(kw *keyWatch) {
+func (w *sessionWatcher) enqueue(kw *keyWatch) {
 	kw.state = watchQueued
 	if w.ws == nil {
 		w.watchAlone(kw)
 		return
 	}
 	w.ws.queue = append(w.ws.queue, kw)
-	w.ws.signal()
-}
-
-// signal wakes run, or the open stream's sender.
-func (ws *watchStream) signal() {
-	select {
-	case ws.wake <- struct{}{}:
-	default: // woken already
-	}
+	w.ws.r.signal()
 }
 
 // cancelActive has kw's watch cancelled on the open stream if it is
 // active there; kw's state is then the caller's to set. Called with w.mu
 // held.
-func (w *lossWatcher) cancelActive(kw *keyWatch) {
+func (w *sessionWatcher) cancelActive(kw *keyWatch) {
 	if kw.state != watchActive {
 		return
 	}
 	delete(w.ws.ids, kw.id)
 	w.ws.cancels = append(w.ws.cancels, kw.id)
-	w.ws.signal()
+	w.ws.r.signal()
 }
 
 // stop ends kw: its owner no longer wants it (Unlock, a waiter that
-// returns). A look in progress is waited for, unless ctx ends first: then
+// returns). A probe in progress is waited for, unless ctx ends first: then
 // its RPC is cancelled. (etcd's client logs every unary call that fails, a
 // cancelled one too, as a warning: a program that locks, calls Done and
 // unlocks must log nothing.)
-func (w *lossWatcher) stop(ctx context.Context, kw *keyWatch) {
+func (w *sessionWatcher) stop(ctx context.Context, kw *keyWatch) {
 	w.mu.Lock()
 	w.drop(kw)
-	l := kw.look
+	l := kw.probe
 	w.mu.Unlock()
 	if l == nil {
 		return
@@ -411,7 +306,7 @@ func (w *lossWatcher) stop(ctx context.Context, kw *keyWatch) {
 // drop finishes kw, and cancels its watch on the stream, unless it is
 // finished already. It reports whether it finished it. Called with w.mu
 // held.
-func (w *lossWatcher) drop(kw *keyWatch) bool {
+func (w *sessionWatcher) drop(kw *keyWatch) bool {
 	if kw.state == watchFinished {
 		return false
 	}
@@ -430,21 +325,21 @@ func (w *lossWatcher) drop(kw *keyWatch) bool {
 	delete(w.watches, kw)
 	if ws := w.ws; ws != nil {
 		ws.watching--
-		if ws.watching == 0 && ws.sending {
+		if ws.watching == 0 && ws.r.sending() {
 			// The open stream's sender waits without an idle timer
 			// while there is a watch: wake it to start one, whatever
 			// state the last watch was dropped in.
-			ws.signal()
+			ws.r.signal()
 		}
 	}
 	return true
 }
 
 // expire ends kw's hold at its WithMaxHold limit.
-func (w *lossWatcher) expire(kw *keyWatch) {
+func (w *sessionWatcher) expire(kw *keyWatch) {
 	w.mu.Lock()
 	dropped := w.drop(kw)
-	l := kw.look
+	l := kw.probe
 	w.mu.Unlock()
 	if !dropped {
 		return
@@ -459,27 +354,27 @@ func (w *lossWatcher) expire(kw *keyWatch) {
 // gone is called, with w.mu held, when kw's key was deleted at or after
 // kw.from, or read and found to be another incarnation, or missing; or
 // when a blocker's watch ended without its event. A waiter is told at
-// once; a hold's loss is looked into first (holdGone).
-func (w *lossWatcher) gone(kw *keyWatch) {
+// once; a hold's loss is probed first (holdGone).
+func (w *sessionWatcher) gone(kw *keyWatch) {
 	if kw.h == nil {
 		if w.drop(kw) {
 			kw.tell()
 		}
 		return
 	}
-	w.look(kw, false)
+	w.probe(kw, false)
 }
 
-// look starts a goroutine that looks into kw's key, with w.mu held: it
+// probe starts a goroutine that probes kw's key, with w.mu held: it
 // reads the key first if read is set (the watch cannot resume from
 // kw.from), and, if the key is not the one watched any more, ends the
 // watch: a hold is lost, with the reason holdGone finds.
-func (w *lossWatcher) look(kw *keyWatch, read bool) {
+func (w *sessionWatcher) probe(kw *keyWatch, read bool) {
 	w.cancelActive(kw)
-	l := &watchLook{done: make(chan struct{})}
+	l := &keyProbe{done: make(chan struct{})}
 	l.waitCtx, l.stopWait = context.WithCancel(w.s.endCtx)
 	l.rpcCtx, l.stopRPC = context.WithCancel(w.s.endCtx)
-	kw.state, kw.look = watchLooking, l
+	kw.state, kw.probe = watchProbing, l
 	w.busy.Add(1)
 	go func() {
 		defer w.busy.Done()
@@ -490,7 +385,7 @@ func (w *lossWatcher) look(kw *keyWatch, read bool) {
 			from, ok := w.read(l, kw)
 			w.mu.Lock()
 			switch {
-			case kw.state != watchLooking || kw.look != l || from < 0:
+			case kw.state != watchProbing || kw.probe != l || from < 0:
 				// Stopped, or the session ended.
 				w.mu.Unlock()
 				return
@@ -519,7 +414,7 @@ func (w *lossWatcher) look(kw *keyWatch, read bool) {
 // read reads kw's key until etcd answers or the watch is stopped. It
 // returns the revision after the read and true if the key is still the
 // one watched, 0 and false if it is not, or -1 if it was stopped.
-func (w *lossWatcher) read(l *watchLook, kw *keyWatch) (from int64, ok bool) {
+func (w *sessionWatcher) read(l *keyProbe, kw *keyWatch) (from int64, ok bool) {
 	backoff := 50 * time.Millisecond
 	for {
 		gctx, cancel := context.WithTimeout(requireLeader(l.rpcCtx), cleanupTimeout)
@@ -569,50 +464,10 @@ func events(evs []*clientv3.Event) []*mvccpb.Event {
 	return out
 }
 
-// run opens a stream when there is a watch to make, serves it until it
-// breaks or is idle, and waits a little before the next one, until the
-// last session releases the stream or there is nothing left to watch (add
-// starts it again).
-func (ws *watchStream) run(done chan struct{}) {
-	defer close(done)
-	ctx := ws.ctx
-	backoff := minStreamBackoff
-	for ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-			continue
-		case <-ws.wake:
-		}
-		if ws.serve(ctx) {
-			backoff = minStreamBackoff
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
-		backoff = min(2*backoff, maxStreamBackoff)
-		ws.mu.Lock()
-		if ws.watching == 0 && ctx.Err() == nil {
-			// Nothing to watch: a client that no longer watches costs
-			// neither a goroutine nor a stream.
-			ws.started, ws.queue = false, nil
-			ws.mu.Unlock()
-			return
-		}
-		left := len(ws.queue) > 0
-		ws.mu.Unlock()
-		if left {
-			ws.signal() // the watches not made go on the next stream
-		}
-	}
-}
-
 // end ends every watch of the session, which has ended: each hold is lost
 // with it, and each waiter told. It then waits for the goroutines that
-// look into keys, and gives the stream back.
-func (w *lossWatcher) end() {
+// probe keys, and gives the stream back.
+func (w *sessionWatcher) end() {
 	defer close(w.endDone)
 	w.mu.Lock()
 	w.ended = true
@@ -637,132 +492,8 @@ func (w *lossWatcher) end() {
 }
 
 // wait waits until end has returned. The session has ended.
-func (w *lossWatcher) wait() {
+func (w *sessionWatcher) wait() {
 	<-w.endDone
-}
-
-// serve opens one stream and serves it until it breaks or ctx ends. It
-// reports whether etcd answered anything on it. The watches made on it
-// are made again on the next one.
-func (ws *watchStream) serve(ctx context.Context) (answered bool) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// WaitForReady: while the client has no connection, wait for one
-	// rather than fail at once (as etcd's client does for its calls).
-	stream, err := ws.wc.Watch(ctx, grpc.WaitForReady(true))
-	if err != nil {
-		return false
-	}
-	ws.mu.Lock()
-	ws.sending = true
-	ws.mu.Unlock()
-	sendDone := make(chan struct{})
-	go func() {
-		defer close(sendDone)
-		ws.send(ctx, stream)
-		cancel() // a failed send breaks the stream: Recv returns too
-	}()
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			break
-		}
-		answered = true
-		if !ws.receive(resp) {
-			break
-		}
-	}
-
-	ws.mu.Lock()
-	ws.sending = false // from now on the sender sends nothing
-	for _, kw := range ws.creating {
-		if kw.state == watchCreating {
-			kw.state = watchQueued
-			ws.queue = append(ws.queue, kw)
-		}
-	}
-	for _, kw := range ws.ids {
-		if kw.b != nil {
-			// Events may have been missed: the waiter reads again.
-			kw.state = watchQueued // not active: nothing to cancel
-			kw.w.gone(kw)
-			continue
-		}
-		kw.state = watchQueued
-		ws.queue = append(ws.queue, kw)
-	}
-	ws.creating, ws.cancels = nil, nil
-	clear(ws.ids)
-	ws.mu.Unlock()
-	cancel()
-	<-sendDone
-	return answered
-}
-
-// receive handles one response of the open stream. It reports false when
-// the stream must be given up: etcd refused to make a watch.
-func (ws *watchStream) receive(resp *pb.WatchResponse) bool {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	if resp.Created {
-		// etcd answers a stream's create requests in order.
-		if len(ws.creating) == 0 {
-			return false
-		}
-		kw := ws.creating[0]
-		ws.creating[0] = nil
-		ws.creating = ws.creating[1:]
-		switch {
-		case resp.Canceled:
-			if kw.state == watchCreating {
-				kw.w.refused(kw)
-			}
-			return true
-		case kw.state != watchCreating:
-			// Stopped meanwhile.
-			ws.cancels = append(ws.cancels, resp.WatchId)
-			ws.signal()
-			return true
-		}
-		kw.state, kw.id, kw.refusals = watchActive, resp.WatchId, 0
-		ws.ids[kw.id] = kw
-		if kw.b != nil {
-			kw.b.created = resp.Header.Revision
-			kw.ww.signal()
-		}
-	}
-	kw := ws.ids[resp.WatchId]
-	if kw == nil {
-		return true // an answer to a cancel, or events of a watch stopped since
-	}
-	if kw.b != nil {
-		switch {
-		case resp.CompactRevision != 0 || resp.Canceled:
-			// etcd ended the watch: the waiter reads again.
-			delete(ws.ids, kw.id)
-			kw.state = watchQueued // not active: nothing to cancel
-			kw.w.gone(kw)
-		case len(resp.Events) > 0:
-			kw.b.news(resp.Events)
-		}
-		return true
-	}
-	switch {
-	case resp.CompactRevision != 0:
-		// The revisions the watch was to start from are compacted (etcd
-		// has ended the watch): read the key, and start again after
-		// the read.
-		delete(ws.ids, kw.id)
-		kw.state = watchQueued
-		kw.w.look(kw, true)
-	case resp.Canceled:
-		// etcd ended the watch: make it again.
-		delete(ws.ids, kw.id)
-		kw.w.enqueue(kw)
-	case deleted(kw, resp.Events):
-		kw.w.gone(kw)
-	}
-	return true
 }
 
 // refused handles etcd's refusal to make kw's watch (a permission denied,
@@ -773,7 +504,7 @@ func (ws *watchStream) receive(resp *pb.WatchResponse) bool {
 // long as it is wanted. A blocker's watch is made again by its waiter,
 // which is told as when a watch breaks, and reads the queue before it
 // watches anew; the others are queued again once the pause is over.
-func (w *lossWatcher) refused(kw *keyWatch) {
+func (w *sessionWatcher) refused(kw *keyWatch) {
 	if kw.b != nil {
 		kw.state = watchQueued // not active: nothing to cancel
 		w.gone(kw)
@@ -791,95 +522,6 @@ func (w *lossWatcher) refused(kw *keyWatch) {
 	})
 }
 
-// idleStreamTimeout is how long a client keeps its watch stream open with
-// nothing to watch: long enough that a program that locks now and then
-// reuses it, short enough that clients that stopped watching do not each
-// keep a stream on etcd (and two goroutines here).
-const idleStreamTimeout = 5 * time.Second
-
-// send sends the queued create and cancel requests on stream, in order,
-// until ctx ends, a send fails, serve stops it, or there has been nothing
-// to watch for idleStreamTimeout (then serve closes the stream).
-func (ws *watchStream) send(ctx context.Context, stream pb.Watch_WatchClient) {
-	for {
-		for {
-			req := ws.next()
-			if req == nil {
-				break
-			}
-			if err := stream.Send(req); err != nil {
-				return
-			}
-		}
-		var idle *time.Timer
-		var idleC <-chan time.Time
-		ws.mu.Lock()
-		if ws.watching == 0 {
-			idle = time.NewTimer(idleStreamTimeout)
-			idleC = idle.C
-		}
-		ws.mu.Unlock()
-		fired := false
-		select {
-		case <-ctx.Done():
-			return
-		case <-ws.wake:
-		case <-idleC:
-			fired = true
-		}
-		if idle != nil {
-			idle.Stop()
-		}
-		ws.mu.Lock()
-		sending, watching := ws.sending, ws.watching > 0
-		ws.mu.Unlock()
-		if !sending || fired && !watching {
-			return
-		}
-	}
-}
-
-// next returns the next request to send, or nil.
-func (ws *watchStream) next() *pb.WatchRequest {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	if !ws.sending {
-		return nil
-	}
-	if len(ws.cancels) > 0 {
-		id := ws.cancels[0]
-		ws.cancels = ws.cancels[1:]
-		return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
-			CancelRequest: &pb.WatchCancelRequest{WatchId: id}}}
-	}
-	for len(ws.queue) > 0 {
-		kw := ws.queue[0]
-		ws.queue[0] = nil
-		ws.queue = ws.queue[1:]
-		if kw.state != watchQueued {
-			continue // finished, or queued twice
-		}
-		kw.state = watchCreating
-		ws.creating = append(ws.creating, kw)
-		cr := &pb.WatchCreateRequest{Key: []byte(kw.q.key), StartRevision: kw.from, Filters: noPut}
-		if b := kw.b; b != nil {
-			cr.Key = []byte(b.key)
-			switch {
-			case b.key == kw.q.pfx:
-				cr.RangeEnd, cr.PrevKv = []byte(clientv3.GetPrefixRangeEnd(b.key)), true
-			case kw.ww.puts:
-				cr.Filters = nil
-			}
-		}
-		return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: cr}}
-	}
-	return nil
-}
-
-// noPut is the filter of a watch that sees deletions only. (Read-only: the
-// requests of every watch share it.)
-var noPut = []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT}
-
 // news hands evs, events of b's watch, to b's waiter, with w.mu held.
 func (b *blockerWatch) news(evs []*mvccpb.Event) {
 	ww := b.kw.ww
@@ -892,7 +534,7 @@ func (b *blockerWatch) news(evs []*mvccpb.Event) {
 // watchAlone makes kw's watch through the client's Watcher, for a client
 // without a connection of its own: a goroutine and etcd's per-watch state
 // for each watch, as before the shared stream. Called with w.mu held.
-func (w *lossWatcher) watchAlone(kw *keyWatch) {
+func (w *sessionWatcher) watchAlone(kw *keyWatch) {
 	ctx, cancel := context.WithCancel(w.s.watchCtx)
 	if w.alone == nil {
 		w.alone = make(map[*keyWatch]context.CancelFunc)
@@ -914,7 +556,7 @@ func (w *lossWatcher) watchAlone(kw *keyWatch) {
 			case kw.state != watchQueued || w.alone[kw] == nil:
 			case wr.CompactRevision != 0:
 				delete(w.alone, kw)
-				w.look(kw, true)
+				w.probe(kw, true)
 			case deleted(kw, events(wr.Events)):
 				delete(w.alone, kw)
 				w.gone(kw)
@@ -944,7 +586,7 @@ func (w *lossWatcher) watchAlone(kw *keyWatch) {
 // blockerAlone is watchAlone's goroutine for a blocker's watch: it hands
 // the watch's creation and events to the waiter, and tells it when the
 // watch ends without being stopped.
-func (w *lossWatcher) blockerAlone(ctx context.Context, cancel context.CancelFunc, kw *keyWatch) {
+func (w *sessionWatcher) blockerAlone(ctx context.Context, cancel context.CancelFunc, kw *keyWatch) {
 	defer w.busy.Done()
 	defer cancel()
 	b := kw.b
