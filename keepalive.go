@@ -170,15 +170,18 @@ func (k *keeper) release() {
 }
 
 // renew sends a keepalive request for lease id and waits for its answer
-// until ctx ends. It returns when the request was sent and the TTL etcd
-// answered (0 or less when the lease does not exist), or an error: the
-// stream broke or was given up as stuck, or ctx ended. patience is how long the request may wait
-// for its answer on a silent stream before the stream counts as stuck
-// (see stuckAfter). A request waits for a stream to be open; one not sent
-// when ctx ends never is. A failed renewal proves nothing; the caller may
-// try again.
-func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID, patience time.Duration) (sent time.Time, ttl int64, err error) {
+// until ctx ends or expired fires (the session gives up at giveUp). It
+// returns when the request was sent and the TTL etcd answered (0 or less
+// when the lease does not exist), or an error: the stream broke or was
+// given up as stuck, ctx ended, or context.DeadlineExceeded when expired
+// fired. patience is how long the request may wait for its answer on a
+// silent stream before the stream counts as stuck (see stuckAfter). A
+// request waits for a stream to be open; one not sent when renew returns
+// never is. A failed renewal proves nothing; the caller may try again.
+func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID, patience time.Duration, giveUp time.Time, expired <-chan time.Time) (sent time.Time, ttl int64, err error) {
 	if k.lease == nil {
+		ctx, cancel := context.WithDeadline(ctx, giveUp)
+		defer cancel()
 		sent = time.Now()
 		resp, err := k.cli.KeepAliveOnce(ctx, id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -199,12 +202,15 @@ func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID, patience time.D
 	case res := <-r.res:
 		return res.sent, res.ttl, res.err
 	case <-ctx.Done():
-		// If it was sent, its answer goes to res, which nobody reads.
-		k.mu.Lock()
-		r.abandoned = true
-		k.mu.Unlock()
-		return time.Time{}, 0, ctx.Err()
+		err = ctx.Err()
+	case <-expired:
+		err = context.DeadlineExceeded
 	}
+	// If it was sent, its answer goes to res, which nobody reads.
+	k.mu.Lock()
+	r.abandoned = true
+	k.mu.Unlock()
+	return time.Time{}, 0, err
 }
 
 // open opens a LeaseKeepAlive stream (streamUser).

@@ -490,14 +490,20 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 
 	next := time.NewTimer(interval)
 	defer next.Stop()
+	// expire fires when the lease's known life, less the margin, is over:
+	// the session gives up then, in the middle of a renewal too. One timer
+	// for the session's life, reset after each renewal, rather than a
+	// timer and a context per renewal: renewals are the one thing every
+	// idle session does.
+	expire := time.NewTimer(time.Hour)
+	defer expire.Stop()
 	for {
 		s.mu.Lock()
 		giveUp := s.deadline.Add(-s.expiryMargin())
 		s.mu.Unlock()
-		expire := time.NewTimer(time.Until(giveUp))
+		expire.Reset(time.Until(giveUp))
 		select {
 		case <-ctx.Done():
-			expire.Stop()
 			if s.shuttingDown() {
 				return // shutdown sets the reason
 			}
@@ -513,18 +519,15 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 			s.end(SessionNotRenewed, errorf("%w: lease %x not renewed within its TTL", ErrSessionExpired, s.id))
 			return
 		case <-next.C:
-			expire.Stop()
 		}
 
 		// The renewal may take no longer than the lease's known life: past
 		// that, its answer could not save the session anyway.
-		rctx, cancel := context.WithDeadline(ctx, giveUp)
 		var began time.Time
 		if s.ev != nil {
 			began = time.Now()
 		}
-		sent, ttl, err := s.keeper.renew(rctx, s.id, patience)
-		cancel()
+		sent, ttl, err := s.keeper.renew(ctx, s.id, patience, giveUp, expire.C)
 		gone := false
 		switch {
 		case err == nil && ttl > 0:
