@@ -291,20 +291,20 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int6
 		return 0, nil, q.fail(ctx, rev, err)
 	}
 	me := entry{key: q.key, rev: rev, mode: mode}
-	hdr = resp.Header
-	blockers, freeing, _, err := q.scan(ctx, me, page, hdr.Revision)
+	read, err := q.scan(ctx, me, page, resp.Header)
 	if q.retryable(ctx, err) {
 		// A later page met a leader election, or a compaction of the
 		// revision it was to be read at: read the queue anew, as a
 		// waiter does.
 		backoff := minBackoff
-		hdr, blockers, freeing, err = q.reread(ctx, me, &backoff)
+		read, err = q.reread(ctx, me, &backoff)
 	}
 	if err != nil {
 		return 0, nil, q.fail(ctx, rev, err)
 	}
-	if len(blockers) > 0 {
-		if hdr, err = q.wait(ctx, me, blockers, freeing, hdr.Revision); err != nil {
+	hdr = read.hdr
+	if len(read.blockers) > 0 {
+		if hdr, err = q.wait(ctx, me, read); err != nil {
 			return 0, nil, q.fail(ctx, rev, err)
 		}
 	}
@@ -448,20 +448,39 @@ func isChild(pfx string, key []byte) bool {
 	return ok && rest != "" && !strings.Contains(rest, "/")
 }
 
+// A queueRead is one read of the queue ahead of a key (me), and its
+// verdict. Every page of it was read at one revision (see pager), so the
+// verdict is the queue's at that revision, whoever made the read: a Try
+// guards its write with it, a waiter watches from it. Keys only leave the
+// queue ahead of a key (new ones join behind), so a verdict of "admitted"
+// stays true for as long as me's key is its own.
+type queueRead struct {
+	rev int64 // the revision every page was read at: hdr.Revision
+	// hdr is the header of the response that carried the first page.
+	// For a waiter admitted by this read, it is the hold's header; a Try
+	// that is admitted takes the header of its write instead.
+	hdr      *pb.ResponseHeader
+	blockers []entry  // what keeps me out, newest first (see rule); none: me is admitted at rev
+	freeing  []string // the keys of the blockers whose deletion alone admits me (releasersOf); only when complete
+	complete bool     // the pages read hold every key ahead of me
+	// own is, for a Try only (me.rev 0), this session's own key as the
+	// read found it (a key left by a cleanup that could not reach etcd).
+	own *mvccpb.KeyValue
+}
+
 // scan reads the direct children of the prefix ahead of me, newest first:
 // those with a create revision below me.rev, or all of them but this
 // session's own key when me.rev is 0 (a Try, not in the queue). It starts
-// with page r, read at revision rev by the round trip that put or checked
-// the key, and reads further pages, at rev too (see pager), only while
-// me's rule finds no blockers: the verdict is the queue's at rev. It
-// returns the blockers (none: me is admitted). When the pages read hold
-// every key ahead, it also returns freeing: the keys of the blockers whose
-// deletion alone admits me, so that a waiter learns it is in without
-// reading the queue again (recheck). When me.rev is 0 it also returns this
-// session's own key if it read it (a key left by a cleanup that could not
-// reach etcd). If etcd compacts rev before a later page is read, it
-// returns errPageCompacted: the caller reads the queue anew.
-func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, rev int64) (blockers []entry, freeing []string, own *mvccpb.KeyValue, err error) {
+// with page r, read by the round trip that put or checked the key (whose
+// header is hdr), and reads further pages, at hdr's revision too (see
+// pager), only while me's rule finds no blockers. When the pages read hold
+// every key ahead, the read also says which blockers' deletion alone
+// admits me (freeing), so that a waiter learns it is in without reading
+// the queue again (recheck). If etcd compacts the revision before a later
+// page is read, it returns errPageCompacted: the caller reads the queue
+// anew.
+func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb.ResponseHeader) (queueRead, error) {
+	read := queueRead{rev: hdr.Revision, hdr: hdr}
 	admit := me.mode.rule()
 	var ahead []entry
 	var p *pager // made when a second page is needed
@@ -471,29 +490,29 @@ func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, rev int
 			switch {
 			case !q.isChild(kv.Key): // a nested lock's key
 			case string(kv.Key) == q.key:
-				if me.rev == 0 {
-					own = kv
-				}
 			case me.rev == 0 || kv.CreateRevision < me.rev:
 				ahead = append(ahead, entry{string(kv.Key), kv.CreateRevision, ParseKeyMode(kv.Value)})
 			}
 		}
-		if b := admit(me, ahead); len(b) > 0 {
-			if !more && len(b) <= maxWatched {
-				freeing = freeingOf(me, ahead, b)
+		read.complete = !more
+		if read.blockers = admit(me, ahead); len(read.blockers) > 0 {
+			if read.complete && len(read.blockers) <= maxWatched {
+				read.freeing = freeingOf(me, ahead, read.blockers)
 			}
-			return b, freeing, own, nil
+			return read, nil
 		}
-		if !more {
-			return nil, nil, own, nil
+		if read.complete {
+			read.blockers = nil
+			return read, nil
 		}
 		// The pages so far held only newer keys, nested locks' keys, or
 		// keys that do not keep me out: read on.
 		if p == nil {
-			p = q.pager(me.mode, rev, r)
+			p = q.pager(me.mode, read.rev, r)
 		}
+		var err error
 		if kvs, err = p.next(ctx); err != nil {
-			return nil, nil, nil, q.rpcErr(err)
+			return queueRead{}, q.rpcErr(err)
 		}
 		more = p.more
 	}
@@ -527,7 +546,6 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 		return 0, nil, q.rpcErr(err)
 	}
 	for range 5 {
-		r, hdr := resp.Responses[0].GetResponseRange(), resp.Header
 		var own *mvccpb.KeyValue
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 			own = kvs[0]
@@ -538,7 +556,8 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			// could not reach etcd: judge it at its place.
 			me.rev = own.CreateRevision
 		}
-		blockers, _, _, err := q.scan(ctx, me, r, hdr.Revision)
+		read, err := q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
+		read.own = own
 		if errors.Is(err, errPageCompacted) {
 			// Read the queue anew.
 			if resp, err = q.s.cli.Txn(ctx).Then(first...).Commit(); err != nil {
@@ -549,14 +568,14 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 		if err != nil {
 			return 0, nil, err
 		}
-		if len(blockers) > 0 {
+		if len(read.blockers) > 0 {
 			return 0, nil, ErrLocked
 		}
-		if own != nil && me.rev == 0 {
+		if read.own != nil && me.rev == 0 {
 			// Our leftover in another mode would be admitted behind
 			// everyone: remove it and place a new key (Invariant K: it is
 			// never Put in another mode).
-			if err := q.remove(ctx, own.CreateRevision); err != nil {
+			if err := q.remove(ctx, read.own.CreateRevision); err != nil {
 				return 0, nil, err
 			}
 			if resp, err = q.s.cli.Txn(ctx).Then(first...).Commit(); err != nil {
@@ -565,17 +584,17 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			continue
 		}
 		put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
-		// Admitted at hdr's revision: every page was read at it (see
+		// Admitted at the read's revision: every page was read at it (see
 		// pager). Take it only if nothing under the prefix changed since:
 		// a waiter that queued in between must keep its turn.
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(q.pfx), "<", hdr.Revision+1).WithPrefix()}
-		if own != nil {
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(q.pfx), "<", read.rev+1).WithPrefix()}
+		if read.own != nil {
 			// At its place: keys ahead only leave, and fewer keys ahead
 			// never turn admitted into blocked. Bind the key to the
 			// session's lease again (it may be bound to a WithMaxHold
 			// lease); a Put keeps its create revision.
 			cmps = []clientv3.Cmp{
-				clientv3.Compare(clientv3.CreateRevision(q.key), "=", own.CreateRevision),
+				clientv3.Compare(clientv3.CreateRevision(q.key), "=", read.own.CreateRevision),
 				clientv3.Compare(clientv3.Value(q.key), "=", val),
 			}
 		}
@@ -587,8 +606,8 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 		}
 		if tresp.Succeeded {
 			rev := tresp.Header.Revision
-			if own != nil {
-				rev = own.CreateRevision
+			if read.own != nil {
+				rev = read.own.CreateRevision
 			}
 			if err := ctx.Err(); err != nil {
 				return 0, nil, q.fail(ctx, rev, err)
@@ -728,9 +747,8 @@ func (q *queue) rpcErr(err error) error {
 var errWatchBroken = errors.New("etcdlock: watch broken")
 
 // wait blocks until me's rule admits it, that is until this queue holds.
-// blockers are what kept me out at readRev, and freeing those whose
-// deletion alone admits me (see scan). It returns the header of the
-// response that showed the hold was admitted.
+// read is the queue as me last read it, with blockers. It returns the
+// header of the response that showed the hold was admitted.
 //
 // The waiter watches only its blockers, not the whole prefix: for a Mutex
 // that is the key just ahead, so a release wakes exactly the next waiter,
@@ -740,11 +758,11 @@ var errWatchBroken = errors.New("etcdlock: watch broken")
 // revoked, while its blockers still hold (etcd's Mutex only notices when
 // every earlier key is gone: etcd issue 19597; its RWMutex recipe then even
 // acquires without a key: etcd issue 16221).
-func (q *queue) wait(ctx context.Context, me entry, blockers []entry, freeing []string, readRev int64) (*pb.ResponseHeader, error) {
+func (q *queue) wait(ctx context.Context, me entry, read queueRead) (*pb.ResponseHeader, error) {
 	backoff := minBackoff
 	for {
 		started := time.Now()
-		hdr, err := q.watchTurn(ctx, me, blockers, freeing, readRev)
+		hdr, err := q.watchTurn(ctx, me, read)
 		if !q.retryable(ctx, err) {
 			return hdr, err
 		}
@@ -757,26 +775,25 @@ func (q *queue) wait(ctx context.Context, me entry, blockers []entry, freeing []
 		// member without a leader is not asked in a tight loop. The queue
 		// keeps our place meanwhile: only ctx or the session's end make
 		// the waiter give it up.
-		if hdr, blockers, freeing, err = q.reread(ctx, me, &backoff); err != nil {
+		if read, err = q.reread(ctx, me, &backoff); err != nil {
 			return nil, err
 		}
-		if len(blockers) == 0 {
-			return hdr, nil
+		if len(read.blockers) == 0 {
+			return read.hdr, nil
 		}
-		readRev = hdr.Revision
 	}
 }
 
 // reread reads the queue ahead of me anew (check), after a pause of
 // *backoff, as often as it takes while the errors pass (retryable).
-func (q *queue) reread(ctx context.Context, me entry, backoff *time.Duration) (_ *pb.ResponseHeader, blockers []entry, freeing []string, _ error) {
+func (q *queue) reread(ctx context.Context, me entry, backoff *time.Duration) (queueRead, error) {
 	for {
 		if !pause(ctx, backoff) {
-			return nil, nil, nil, ctx.Err()
+			return queueRead{}, ctx.Err()
 		}
-		hdr, blockers, freeing, err := q.check(ctx, me, 0)
+		read, err := q.check(ctx, me, 0)
 		if err == nil || !q.retryable(ctx, err) {
-			return hdr, blockers, freeing, err
+			return read, err
 		}
 	}
 }
@@ -842,10 +859,10 @@ func (q *queue) watched(blockers []entry) []string {
 	return keys
 }
 
-// watchTurn waits until me's rule admits it, starting from blockers (and
-// freeing, see wait) seen at readRev. It returns errWatchBroken when a watch
-// fails.
-func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freeing []string, readRev int64) (*pb.ResponseHeader, error) {
+// watchTurn waits until me's rule admits it, starting from read, which
+// has blockers. It returns the header of the response that showed me
+// admitted, or errWatchBroken when a watch fails.
+func (q *queue) watchTurn(ctx context.Context, me entry, read queueRead) (*pb.ResponseHeader, error) {
 	// The waiter's own key and its blockers are watched on the session's
 	// watch stream (see lossWatcher), which requires a leader: a member cut
 	// off from the leader ends the stream rather than leaving it silent
@@ -860,28 +877,27 @@ func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freei
 	}()
 	var watchedFrom int64
 	for {
-		keys := q.watched(blockers)
+		keys := q.watched(read.blockers)
 		var err error
-		if watches, err = q.rewatch(ctx, ww, watches, blockers, keys, &watchedFrom); err != nil {
+		if watches, err = q.rewatch(ctx, ww, watches, read.blockers, keys, &watchedFrom); err != nil {
 			return nil, err
 		}
 		// The watches deliver events after the revision at which they were
 		// created: they start "now", so the server counts them as synced
-		// and sends events at once. A watch that started at readRev+1 would
+		// and sends events at once. A watch that started at read.rev+1 would
 		// be unsynced as soon as the store moved on, and its events would
 		// wait for the next resync pass, up to 100 ms later (etcd's
 		// watchResyncPeriod): that is the handoff delay of etcd's Mutex.
-		// Starting now leaves a gap, (readRev, created]; one read closes it,
-		// and only when the gap is not empty. A watch kept from before has
-		// run since before readRev: it leaves no gap.
-		if watchedFrom > readRev {
-			hdr, next, nextFreeing, err := q.check(ctx, me, watchedFrom)
-			if err != nil || len(next) == 0 {
-				return hdr, err
+		// Starting now leaves a gap, (read.rev, created]; one read closes
+		// it, and only when the gap is not empty. A watch kept from before
+		// has run since before read.rev: it leaves no gap.
+		if watchedFrom > read.rev {
+			next, err := q.check(ctx, me, watchedFrom)
+			if err != nil || len(next.blockers) == 0 {
+				return next.hdr, err
 			}
-			readRev, freeing = hdr.Revision, nextFreeing
-			if !sameKeys(q.watched(next), keys) {
-				blockers = next
+			read = next
+			if !sameKeys(q.watched(read.blockers), keys) {
 				continue
 			}
 		}
@@ -889,15 +905,15 @@ func (q *queue) watchTurn(ctx context.Context, me entry, blockers []entry, freei
 		if q.testHookWait != nil {
 			q.testHookWait(keys)
 		}
-		at, gone, err := q.waitDelete(ctx, me, ww, readRev)
+		at, gone, err := q.waitDelete(ctx, me, ww, read.rev)
 		if err != nil {
 			return nil, err
 		}
-		hdr, next, nextFreeing, err := q.recheck(ctx, me, freeing, gone, at)
-		if err != nil || len(next) == 0 {
-			return hdr, err
+		next, err := q.recheck(ctx, me, read.freeing, gone, at)
+		if err != nil || len(next.blockers) == 0 {
+			return next.hdr, err
 		}
-		blockers, freeing, readRev, watchedFrom = next, nextFreeing, hdr.Revision, 0
+		read, watchedFrom = next, 0
 	}
 }
 
@@ -1064,26 +1080,22 @@ func (q *queue) watchErr(ctx context.Context) error {
 // out of watchTurn's stack frame while the waiter waits (see place).
 //
 //go:noinline
-func (q *queue) check(ctx context.Context, me entry, minRev int64) (_ *pb.ResponseHeader, blockers []entry, freeing []string, _ error) {
+func (q *queue) check(ctx context.Context, me entry, minRev int64) (queueRead, error) {
 	resp, err := q.read(ctx, me, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
 		return q.opQueue(me.mode, me.rev-1, opts...)
 	})
 	if err != nil {
-		return nil, nil, nil, err
+		return queueRead{}, err
 	}
-	blockers, freeing, _, err = q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header.Revision)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return resp.Header, blockers, freeing, nil
+	return q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
 }
 
 // recheck is check after the deletion of the blocker gone ("" for a
 // change of mode) at revision at. freeing are the blockers whose deletion
-// alone admits me (see scan).
+// alone admits me (see queueRead).
 //
 //go:noinline
-func (q *queue) recheck(ctx context.Context, me entry, freeing []string, gone string, at int64) (_ *pb.ResponseHeader, blockers []entry, _ []string, _ error) {
+func (q *queue) recheck(ctx context.Context, me entry, freeing []string, gone string, at int64) (queueRead, error) {
 	// Every key ahead was read, and the rule admits me behind them without
 	// gone: I am in, as keys ahead only leave (new ones join behind) and
 	// none changes its mode but by a Downgrade, which admits more. One
@@ -1091,8 +1103,7 @@ func (q *queue) recheck(ctx context.Context, me entry, freeing []string, gone st
 	// queue: readers admitted together by a writer's release each read
 	// one key, not the queue.
 	if gone != "" && slices.Contains(freeing, gone) {
-		hdr, err := q.confirm(ctx, me, at)
-		return hdr, nil, nil, err
+		return q.confirm(ctx, me, at)
 	}
 	// Otherwise one round trip checks that my key is still mine and finds
 	// what, if anything, keeps me out now.
@@ -1100,18 +1111,19 @@ func (q *queue) recheck(ctx context.Context, me entry, freeing []string, gone st
 }
 
 // confirm is check for a waiter known to be admitted if its key is still
-// its own: one round trip reads that key's count only. It returns the
-// header of the response that showed it.
+// its own: one round trip reads that key's count only, and no key ahead.
+// Its read has no blockers, and the header of the response that showed
+// the key is still its own.
 //
 //go:noinline
-func (q *queue) confirm(ctx context.Context, me entry, minRev int64) (*pb.ResponseHeader, error) {
+func (q *queue) confirm(ctx context.Context, me entry, minRev int64) (queueRead, error) {
 	resp, err := q.read(ctx, me, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
 		return clientv3.OpGet(q.key, append(opts, clientv3.WithCountOnly())...)
 	})
 	if err != nil {
-		return nil, err
+		return queueRead{}, err
 	}
-	return resp.Header, nil
+	return queueRead{rev: resp.Header.Revision, hdr: resp.Header}, nil
 }
 
 // read runs op (a range, given extra options) in a Txn that succeeds only
