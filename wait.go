@@ -290,21 +290,21 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int6
 	if err := ctx.Err(); err != nil {
 		return 0, nil, q.fail(ctx, rev, err)
 	}
-	me := entry{key: q.key, rev: rev, mode: mode}
-	read, err := q.scan(ctx, me, page, resp.Header)
+	w := waiter{q: q, me: entry{key: q.key, rev: rev, mode: mode}}
+	w.read, err = q.scan(ctx, w.me, page, resp.Header)
 	if q.retryable(ctx, err) {
 		// A later page met a leader election, or a compaction of the
 		// revision it was to be read at: read the queue anew, as a
 		// waiter does.
 		backoff := minBackoff
-		read, err = q.reread(ctx, me, &backoff)
+		w.read, err = w.reread(ctx, &backoff)
 	}
 	if err != nil {
 		return 0, nil, q.fail(ctx, rev, err)
 	}
-	hdr = read.hdr
-	if len(read.blockers) > 0 {
-		if hdr, err = q.wait(ctx, me, read); err != nil {
+	hdr = w.read.hdr
+	if len(w.read.blockers) > 0 {
+		if hdr, err = w.wait(ctx); err != nil {
 			return 0, nil, q.fail(ctx, rev, err)
 		}
 	}
@@ -746,8 +746,28 @@ func (q *queue) rpcErr(err error) error {
 // compacted revision. The waiter reads the queue again and re-watches.
 var errWatchBroken = errors.New("etcdlock: watch broken")
 
+// A waiter is a key in line, me, waiting for its turn: the queue ahead of
+// it as it last read it, and, while it watches, its watches. It carries
+// what the steps of a wait share, so that each step (watchTurn, rewatch,
+// waitDelete, recheck) reads it rather than being passed it. A waiter is
+// used by one goroutine, the Lock's.
+type waiter struct {
+	q    *queue
+	me   entry
+	read queueRead // the queue ahead of me as last read: blockers and freeing at read.rev
+
+	// While it watches (watchTurn): the watch of its own key, what its
+	// watches tell it, the watches of its blockers (or of the prefix), and
+	// the latest revision at which a watch opened since the last read was
+	// made by etcd (0: none).
+	own         *keyWatch
+	ww          *waitWatch
+	watches     []*blockerWatch
+	watchedFrom int64
+}
+
 // wait blocks until me's rule admits it, that is until this queue holds.
-// read is the queue as me last read it, with blockers. It returns the
+// w.read is the queue as me last read it, with blockers. It returns the
 // header of the response that showed the hold was admitted.
 //
 // The waiter watches only its blockers, not the whole prefix: for a Mutex
@@ -758,12 +778,12 @@ var errWatchBroken = errors.New("etcdlock: watch broken")
 // revoked, while its blockers still hold (etcd's Mutex only notices when
 // every earlier key is gone: etcd issue 19597; its RWMutex recipe then even
 // acquires without a key: etcd issue 16221).
-func (q *queue) wait(ctx context.Context, me entry, read queueRead) (*pb.ResponseHeader, error) {
+func (w *waiter) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 	backoff := minBackoff
 	for {
 		started := time.Now()
-		hdr, err := q.watchTurn(ctx, me, read)
-		if !q.retryable(ctx, err) {
+		hdr, err := w.watchTurn(ctx)
+		if !w.q.retryable(ctx, err) {
 			return hdr, err
 		}
 		if time.Since(started) > maxBackoff {
@@ -775,24 +795,24 @@ func (q *queue) wait(ctx context.Context, me entry, read queueRead) (*pb.Respons
 		// member without a leader is not asked in a tight loop. The queue
 		// keeps our place meanwhile: only ctx or the session's end make
 		// the waiter give it up.
-		if read, err = q.reread(ctx, me, &backoff); err != nil {
+		if w.read, err = w.reread(ctx, &backoff); err != nil {
 			return nil, err
 		}
-		if len(read.blockers) == 0 {
-			return read.hdr, nil
+		if len(w.read.blockers) == 0 {
+			return w.read.hdr, nil
 		}
 	}
 }
 
 // reread reads the queue ahead of me anew (check), after a pause of
 // *backoff, as often as it takes while the errors pass (retryable).
-func (q *queue) reread(ctx context.Context, me entry, backoff *time.Duration) (queueRead, error) {
+func (w *waiter) reread(ctx context.Context, backoff *time.Duration) (queueRead, error) {
 	for {
 		if !pause(ctx, backoff) {
 			return queueRead{}, ctx.Err()
 		}
-		read, err := q.check(ctx, me, 0)
-		if err == nil || !q.retryable(ctx, err) {
+		read, err := w.check(ctx, 0)
+		if err == nil || !w.q.retryable(ctx, err) {
 			return read, err
 		}
 	}
@@ -859,27 +879,27 @@ func (q *queue) watched(blockers []entry) []string {
 	return keys
 }
 
-// watchTurn waits until me's rule admits it, starting from read, which
+// watchTurn waits until me's rule admits it, starting from w.read, which
 // has blockers. It returns the header of the response that showed me
 // admitted, or errWatchBroken when a watch fails.
-func (q *queue) watchTurn(ctx context.Context, me entry, read queueRead) (*pb.ResponseHeader, error) {
+func (w *waiter) watchTurn(ctx context.Context) (*pb.ResponseHeader, error) {
+	q := w.q
 	// The waiter's own key and its blockers are watched on the session's
 	// watch stream (see lossWatcher), which requires a leader: a member cut
 	// off from the leader ends the stream rather than leaving it silent
 	// while the lock moves on elsewhere. The own key is watched from its
 	// creation on: a deletion after me.rev is its end, and no read is
 	// needed for the time before the watch.
-	own, ww := q.s.watcher.watchOwn(q, me.rev, me.mode.Shared)
-	var watches []*blockerWatch
+	w.own, w.ww = q.s.watcher.watchOwn(q, w.me.rev, w.me.mode.Shared)
+	w.watches, w.watchedFrom = nil, 0
 	defer func() {
-		q.s.watcher.stopBlockers(watches)
-		q.s.watcher.stop(ctx, own)
+		q.s.watcher.stopBlockers(w.watches)
+		q.s.watcher.stop(ctx, w.own)
+		w.own, w.ww, w.watches = nil, nil, nil
 	}()
-	var watchedFrom int64
 	for {
-		keys := q.watched(read.blockers)
-		var err error
-		if watches, err = q.rewatch(ctx, ww, watches, read.blockers, keys, &watchedFrom); err != nil {
+		keys := q.watched(w.read.blockers)
+		if err := w.rewatch(ctx, keys); err != nil {
 			return nil, err
 		}
 		// The watches deliver events after the revision at which they were
@@ -891,13 +911,13 @@ func (q *queue) watchTurn(ctx context.Context, me entry, read queueRead) (*pb.Re
 		// Starting now leaves a gap, (read.rev, created]; one read closes
 		// it, and only when the gap is not empty. A watch kept from before
 		// has run since before read.rev: it leaves no gap.
-		if watchedFrom > read.rev {
-			next, err := q.check(ctx, me, watchedFrom)
+		if w.watchedFrom > w.read.rev {
+			next, err := w.check(ctx, w.watchedFrom)
 			if err != nil || len(next.blockers) == 0 {
 				return next.hdr, err
 			}
-			read = next
-			if !sameKeys(q.watched(read.blockers), keys) {
+			w.read = next
+			if !sameKeys(q.watched(w.read.blockers), keys) {
 				continue
 			}
 		}
@@ -905,35 +925,36 @@ func (q *queue) watchTurn(ctx context.Context, me entry, read queueRead) (*pb.Re
 		if q.testHookWait != nil {
 			q.testHookWait(keys)
 		}
-		at, gone, err := q.waitDelete(ctx, me, ww, read.rev)
+		at, gone, err := w.waitDelete(ctx)
 		if err != nil {
 			return nil, err
 		}
-		next, err := q.recheck(ctx, me, read.freeing, gone, at)
+		next, err := w.recheck(ctx, gone, at)
 		if err != nil || len(next.blockers) == 0 {
 			return next.hdr, err
 		}
-		read, watchedFrom = next, 0
+		w.read, w.watchedFrom = next, 0
 	}
 }
 
-// rewatch makes watches watch exactly keys (of blockers), and returns
-// them: it stops the watches of keys no longer wanted, opens the new ones
-// together (a Semaphore's waiter can have several), waits until etcd has
-// made them, and raises *from to the latest revision at which one was
-// made.
-func (q *queue) rewatch(ctx context.Context, ww *waitWatch, watches []*blockerWatch, blockers []entry, keys []string, from *int64) ([]*blockerWatch, error) {
+// rewatch makes w.watches watch exactly keys (of w.read's blockers): it
+// stops the watches of keys no longer wanted, opens the new ones together
+// (a Semaphore's waiter can have several), waits until etcd has made them,
+// and raises w.watchedFrom to the latest revision at which one was made.
+func (w *waiter) rewatch(ctx context.Context, keys []string) error {
+	q, lw, ww := w.q, w.q.s.watcher, w.ww
 	var kept, stopped []*blockerWatch
-	for _, b := range watches {
+	for _, b := range w.watches {
 		if slices.Contains(keys, b.key) {
 			kept = append(kept, b)
 		} else {
 			stopped = append(stopped, b)
 		}
 	}
-	q.s.watcher.stopBlockers(stopped)
-	watches = kept
-	opened := len(watches)
+	lw.stopBlockers(stopped)
+	w.watches = kept
+	opened := len(w.watches)
+	blockers := w.read.blockers
 	for _, k := range keys {
 		if slices.ContainsFunc(kept, func(b *blockerWatch) bool { return b.key == k }) {
 			continue
@@ -942,33 +963,32 @@ func (q *queue) rewatch(ctx context.Context, ww *waitWatch, watches []*blockerWa
 		if i := slices.IndexFunc(blockers, func(e entry) bool { return e.key == k }); i >= 0 {
 			mode = blockers[i].mode
 		}
-		watches = append(watches, q.s.watcher.watchBlocker(q, ww, k, mode))
+		w.watches = append(w.watches, lw.watchBlocker(q, ww, k, mode))
 	}
-	w := q.s.watcher
 	for {
-		w.mu.Lock()
+		lw.mu.Lock()
 		made := true
-		for _, b := range watches[opened:] {
+		for _, b := range w.watches[opened:] {
 			made = made && b.created != 0
 		}
 		gone, broken := ww.gone, ww.broken
-		w.mu.Unlock()
+		lw.mu.Unlock()
 		switch {
 		case gone:
-			return watches, q.lostWhileWaiting(ctx)
+			return q.lostWhileWaiting(ctx)
 		case broken:
-			return watches, q.watchErr(ctx)
+			return q.watchErr(ctx)
 		case made:
-			w.mu.Lock()
-			for _, b := range watches[opened:] {
-				*from = max(*from, b.created)
+			lw.mu.Lock()
+			for _, b := range w.watches[opened:] {
+				w.watchedFrom = max(w.watchedFrom, b.created)
 			}
-			w.mu.Unlock()
-			return watches, nil
+			lw.mu.Unlock()
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return watches, ctx.Err()
+			return ctx.Err()
 		case <-ww.wake:
 		}
 	}
@@ -988,34 +1008,34 @@ func sameKeys(a, b []string) bool {
 }
 
 // waitDelete returns the revision of the first deletion of a blocker (or
-// change of its mode) seen after readRev, when all were seen alive, and the
-// key deleted ("" for a change of mode). It returns lostWhileWaiting's
+// change of its mode) seen after w.read.rev, when all were seen alive, and
+// the key deleted ("" for a change of mode). It returns lostWhileWaiting's
 // error when the waiter's own key is gone.
-func (q *queue) waitDelete(ctx context.Context, me entry, ww *waitWatch, readRev int64) (int64, string, error) {
-	w := q.s.watcher
+func (w *waiter) waitDelete(ctx context.Context) (int64, string, error) {
+	lw, ww := w.q.s.watcher, w.ww
 	for {
-		w.mu.Lock()
+		lw.mu.Lock()
 		evs, gone, broken := ww.take()
-		w.mu.Unlock()
+		lw.mu.Unlock()
 		if gone {
-			return 0, "", q.lostWhileWaiting(ctx)
+			return 0, "", w.q.lostWhileWaiting(ctx)
 		}
 		for i, e := range evs {
-			at, key, ok := q.blockerEvent(me, e, readRev)
+			at, key, ok := w.blockerEvent(e)
 			if ok {
 				// The events after it stay for the next wait: the read
 				// that follows may come from a member that has not
 				// applied them yet.
 				if rest := evs[i+1:]; len(rest) > 0 {
-					w.mu.Lock()
+					lw.mu.Lock()
 					ww.events = append(rest, ww.events...)
-					w.mu.Unlock()
+					lw.mu.Unlock()
 				}
 				return at, key, nil
 			}
 		}
 		if broken {
-			return 0, "", q.watchErr(ctx)
+			return 0, "", w.q.watchErr(ctx)
 		}
 		select {
 		case <-ctx.Done():
@@ -1028,15 +1048,15 @@ func (q *queue) waitDelete(ctx context.Context, me entry, ww *waitWatch, readRev
 // blockerEvent reports whether e, an event of a blocker's watch, may
 // admit me: the deletion of a blocker (or, in a prefix watch, of a key
 // ahead), at revision at, or a change of a blocker's mode (key ""),
-// after readRev.
-func (q *queue) blockerEvent(me entry, e watchedEvent, readRev int64) (at int64, key string, ok bool) {
+// after w.read.rev.
+func (w *waiter) blockerEvent(e watchedEvent) (at int64, key string, ok bool) {
 	ev := e.ev
-	// A deletion at or before readRev is reflected in the read already:
+	// A deletion at or before read.rev is reflected in the read already:
 	// an event of a watch kept from before that read.
-	if ev.Kv.ModRevision <= readRev {
+	if ev.Kv.ModRevision <= w.read.rev {
 		return 0, "", false
 	}
-	prefix := e.b.key == q.pfx
+	prefix := e.b.key == w.q.pfx
 	if ev.Type == mvccpb.PUT {
 		// Only a reader sees Puts: a Downgrade changes the mode;
 		// WithMaxHold's re-binding and a holder's record do not.
@@ -1045,11 +1065,11 @@ func (q *queue) blockerEvent(me entry, e watchedEvent, readRev int64) (at int64,
 	switch {
 	case !prefix:
 		return ev.Kv.ModRevision, e.b.key, true
-	case !q.isChild(ev.Kv.Key):
+	case !w.q.isChild(ev.Kv.Key):
 		return 0, "", false
 	}
 	// A key ahead went (or one we cannot tell: look).
-	return ev.Kv.ModRevision, string(ev.Kv.Key), ev.PrevKv == nil || ev.PrevKv.CreateRevision < me.rev
+	return ev.Kv.ModRevision, string(ev.Kv.Key), ev.PrevKv == nil || ev.PrevKv.CreateRevision < w.me.rev
 }
 
 // watchErr explains why a blocker's watch ended without its event: the
@@ -1076,38 +1096,38 @@ func (q *queue) watchErr(ctx context.Context) error {
 // applied minRev; a member that lags is asked again linearizably. With
 // minRev 0 the read is linearizable at once.
 //
-// It is not inlined, nor are confirm and read, so that their locals stay
-// out of watchTurn's stack frame while the waiter waits (see place).
+// It is not inlined, nor are confirm and readIfMine, so that their locals
+// stay out of watchTurn's stack frame while the waiter waits (see place).
 //
 //go:noinline
-func (q *queue) check(ctx context.Context, me entry, minRev int64) (queueRead, error) {
-	resp, err := q.read(ctx, me, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
-		return q.opQueue(me.mode, me.rev-1, opts...)
+func (w *waiter) check(ctx context.Context, minRev int64) (queueRead, error) {
+	me := w.me
+	resp, err := w.readIfMine(ctx, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
+		return w.q.opQueue(me.mode, me.rev-1, opts...)
 	})
 	if err != nil {
 		return queueRead{}, err
 	}
-	return q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
+	return w.q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
 }
 
 // recheck is check after the deletion of the blocker gone ("" for a
-// change of mode) at revision at. freeing are the blockers whose deletion
-// alone admits me (see queueRead).
+// change of mode) at revision at.
 //
 //go:noinline
-func (q *queue) recheck(ctx context.Context, me entry, freeing []string, gone string, at int64) (queueRead, error) {
+func (w *waiter) recheck(ctx context.Context, gone string, at int64) (queueRead, error) {
 	// Every key ahead was read, and the rule admits me behind them without
 	// gone: I am in, as keys ahead only leave (new ones join behind) and
 	// none changes its mode but by a Downgrade, which admits more. One
 	// round trip then only checks that my key is still mine, and reads no
 	// queue: readers admitted together by a writer's release each read
 	// one key, not the queue.
-	if gone != "" && slices.Contains(freeing, gone) {
-		return q.confirm(ctx, me, at)
+	if gone != "" && slices.Contains(w.read.freeing, gone) {
+		return w.confirm(ctx, at)
 	}
 	// Otherwise one round trip checks that my key is still mine and finds
 	// what, if anything, keeps me out now.
-	return q.check(ctx, me, at)
+	return w.check(ctx, at)
 }
 
 // confirm is check for a waiter known to be admitted if its key is still
@@ -1116,9 +1136,10 @@ func (q *queue) recheck(ctx context.Context, me entry, freeing []string, gone st
 // the key is still its own.
 //
 //go:noinline
-func (q *queue) confirm(ctx context.Context, me entry, minRev int64) (queueRead, error) {
-	resp, err := q.read(ctx, me, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
-		return clientv3.OpGet(q.key, append(opts, clientv3.WithCountOnly())...)
+func (w *waiter) confirm(ctx context.Context, minRev int64) (queueRead, error) {
+	key := w.q.key
+	resp, err := w.readIfMine(ctx, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
+		return clientv3.OpGet(key, append(opts, clientv3.WithCountOnly())...)
 	})
 	if err != nil {
 		return queueRead{}, err
@@ -1126,13 +1147,14 @@ func (q *queue) confirm(ctx context.Context, me entry, minRev int64) (queueRead,
 	return queueRead{rev: resp.Header.Revision, hdr: resp.Header}, nil
 }
 
-// read runs op (a range, given extra options) in a Txn that succeeds only
-// while my key is still mine, as of minRev or later (see check). It returns
-// lostWhileWaiting's error when the key is gone.
+// readIfMine runs op (a range, given extra options) in a Txn that succeeds
+// only while my key is still mine, as of minRev or later (see check). It
+// returns lostWhileWaiting's error when the key is gone.
 //
 //go:noinline
-func (q *queue) read(ctx context.Context, me entry, minRev int64, op func(...clientv3.OpOption) clientv3.Op) (*clientv3.TxnResponse, error) {
-	cmp := clientv3.Compare(clientv3.CreateRevision(q.key), "=", me.rev)
+func (w *waiter) readIfMine(ctx context.Context, minRev int64, op func(...clientv3.OpOption) clientv3.Op) (*clientv3.TxnResponse, error) {
+	q := w.q
+	cmp := clientv3.Compare(clientv3.CreateRevision(q.key), "=", w.me.rev)
 	var resp *clientv3.TxnResponse
 	if minRev > 0 {
 		r, err := q.s.cli.Txn(ctx).If(cmp).Then(op(clientv3.WithSerializable())).Commit()
