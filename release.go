@@ -67,7 +67,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		// released. Otherwise the owner of a release that ended is
 		// finishing it.
 		claim := !h.finished
-		h.finished = claim
+		h.finished = true
 		q.mu.Unlock()
 		if !claim {
 			return ErrLockReleased
@@ -85,6 +85,11 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		}
 	}
 	if h.state == holdEnded {
+		if h.finished {
+			// The owner of its release ended it and is finishing it.
+			q.mu.Unlock()
+			return ErrLockReleased
+		}
 		// A loss known before Unlock stands, whatever becomes of a
 		// delete: report it at once rather than wait for etcd, which may
 		// be out of reach. The key is gone, or goes with its lease; what
