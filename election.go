@@ -152,12 +152,12 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	switch {
 	case h == nil:
 		lost = errors.New("not elected")
-	case h.state == holdEnded:
+	case h.ended():
 		lost = h.err
 		if lost == nil {
 			lost = errors.New("leadership ended")
 		}
-	case h.state != holdHeld || h.sent:
+	case !h.intact():
 		lost = errors.New("resigning")
 	default:
 		lost = e.unwatchedLoss(h)

@@ -9,32 +9,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// A hold's release has one owner at a time, and its state says which:
-//
-//	held ──Unlock──▶ unlocking ──confirmed, or the key seen gone──▶ ended
-//	  ▲                 │ ctx ended before it was confirmed
-//	  │                 ▼
-//	  └─error that ── releasing (the session's releaser sends it) ──▶ ended
-//	    does not pass
-//
-// A hold also ends from held, when it is lost (the loss watch, the
-// session's end, the max hold passing); it then stays the queue's until
-// Unlock says so. A release is the delete of the hold's key guarded by its
-// create revision: sent again and again, it can never delete another
-// hold's key (etcd issue 22082), so it is sent until etcd confirms it, for
-// as long as etcd is out of reach and the session lives, and never left
-// undone: a lock whose release failed once must not stay held while its
-// session renews it. The one who ends a release also finishes the hold
-// (finish): stops its watch, revokes its max hold lease and gives back the
-// name, so that the next Lock of the session waits for the release.
-type holdState uint8
-
-const (
-	holdHeld      holdState = iota // acquired; no release under way
-	holdUnlocking                  // an Unlock call sends the release
-	holdReleasing                  // the session's releaser sends it: Unlock returned before it was confirmed
-	holdEnded                      // released or lost (err); done is closed
-)
+// The release of a hold, by Unlock or by the session's releaser. The
+// hold's states and their transitions are in holdstate.go.
 
 // unlock ends the current hold if match accepts its mode (nil: any). op
 // names the caller for errors ("RUnlock"). A hold of another mode stays
@@ -48,7 +24,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		// A retry after an Unlock that left the release to the
 		// background: wait for it, or say how it ended, once.
 		if l := q.last; l != nil && l.owed {
-			if l.state != holdEnded {
+			if !l.ended() {
 				q.mu.Unlock()
 				return q.awaitRelease(ctx, l, op)
 			}
@@ -58,16 +34,15 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		}
 		q.mu.Unlock()
 		return ErrLockReleased
-	case h.state == holdUnlocking || h.downgrading:
+	case h.state == holdUnlocking || h.state == holdDowngrading:
 		q.mu.Unlock()
 		return ErrLockReleased // another call is under way
-	case h.state == holdEnded && h.err == nil:
+	case h.ended() && h.err == nil:
 		// Ended while no release was under way (the key went after a
 		// failed Unlock, which may have deleted it): finish it, as
 		// released. Otherwise the owner of a release that ended is
 		// finishing it.
-		claim := !h.finished
-		h.finished = true
+		claim := h.claimFinish()
 		q.mu.Unlock()
 		if !claim {
 			return ErrLockReleased
@@ -79,13 +54,13 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		return errorf("%w: %s of a hold in mode %s", ErrLockReleased, op, h.mode)
 	}
 	ended := false
-	if h.state == holdHeld && !h.sent {
+	if h.intact() {
 		if lost := q.unwatchedLoss(h); lost != nil {
-			ended = h.end(lost)
+			ended = h.endWith(lost)
 		}
 	}
-	if h.state == holdEnded {
-		if h.finished {
+	if h.ended() {
+		if !h.claimFinish() {
 			// The owner of its release ended it and is finishing it.
 			q.mu.Unlock()
 			return ErrLockReleased
@@ -96,7 +71,6 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		// may be left (a max hold lease that has not run out) is left to
 		// the background.
 		err := h.err
-		h.finished = true
 		q.h, q.last = nil, h
 		q.mu.Unlock()
 		if ended {
@@ -107,7 +81,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		}
 		return err
 	}
-	h.state = holdUnlocking
+	h.beginUnlock()
 	q.mu.Unlock()
 	return q.release(ctx, h, op)
 }
@@ -143,8 +117,7 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 			// will do better. The hold stays; Unlock may be called
 			// again.
 			q.mu.Lock()
-			if h.state == holdUnlocking {
-				h.state = holdHeld
+			if h.refuse() {
 				q.mu.Unlock()
 				return errorf("%s %s: %w", op, q.key, err)
 			}
@@ -167,20 +140,18 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 // error: the attempt's outcome is unknown.
 func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ error) {
 	q.mu.Lock()
-	if h.state == holdEnded {
+	if h.ended() {
 		q.mu.Unlock()
 		return true, q.ended(ctx, h, nil, false, op)
 	}
-	first := !h.sent
-	h.sent, h.inflight = true, true
+	first := h.sendAttempt()
 	q.mu.Unlock()
 	resp, err := q.s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
 		Then(clientv3.OpDelete(q.key)).
 		Commit()
 	q.mu.Lock()
-	h.inflight = false
-	goneMid := h.goneMid
+	goneMid := h.attemptAnswered()
 	q.mu.Unlock()
 	switch {
 	case err == nil && resp.Succeeded, err != nil && goneMid:
@@ -235,13 +206,12 @@ func (q *queue) leftToLease(op string, err error) error {
 // release.
 func (q *queue) ended(ctx context.Context, h *hold, err error, byLease bool, op string) error {
 	q.mu.Lock()
-	now := h.end(err)
+	now := h.endWith(err)
 	if now {
 		h.byLease = byLease
 	}
 	rel := q.relOf(h, op)
-	claim := !h.finished
-	h.finished = true
+	claim := h.claimFinish()
 	q.mu.Unlock()
 	if now {
 		q.reportEnd(h, err)
@@ -259,11 +229,11 @@ func (q *queue) ended(ctx context.Context, h *hold, err error, byLease bool, op 
 // Unlock reports how it ended.
 func (q *queue) background(ctx context.Context, h *hold, op string, err error) error {
 	q.mu.Lock()
-	if h.state == holdEnded {
+	if h.ended() {
 		q.mu.Unlock()
 		return q.ended(ctx, h, nil, false, op)
 	}
-	h.state, h.owed = holdReleasing, true
+	h.handOff()
 	if h.done == nil {
 		h.done = make(chan struct{}) // a retried Unlock waits on it
 	}
@@ -296,7 +266,7 @@ func (q *queue) awaitRelease(ctx context.Context, h *hold, op string) error {
 }
 
 // finishNow makes h, which has ended and whose finishing the caller
-// claimed (h.finished), no longer the queue's: it stops its loss watch,
+// claimed (claimFinish), no longer the queue's: it stops its loss watch,
 // revokes its max hold lease and gives back the name, which lets the next
 // Lock of the session and name go on.
 func (q *queue) finishNow(ctx context.Context, h *hold) {

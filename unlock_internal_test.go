@@ -18,7 +18,7 @@ func TestUnlockWhileOwnerFinishes(t *testing.T) {
 		// The hold has the name; its release's owner has claimed the
 		// finishing and not yet run it.
 		s.names["n"] = nameLock{held: true, refs: 1}
-		q.h = &hold{state: holdEnded, err: lost, finished: true}
+		q.h = &hold{state: holdFinished, err: lost}
 		for i := range 3 {
 			if err := q.unlock(t.Context(), nil, "Unlock"); !errors.Is(err, ErrLockReleased) {
 				t.Errorf("lost %v: Unlock %d returned %v, want ErrLockReleased", lost, i, err)
