@@ -382,7 +382,7 @@ type observer struct {
 // run observes until ctx ends, the caller stops, or an error that does not
 // pass.
 func (o *observer) run(ctx context.Context) error {
-	backoff := minBackoff // the waiter's backoff (wait.go)
+	backoff := minBackoff // the waiter's backoff (retry.go)
 	for {
 		started := time.Now()
 		err := o.watch(ctx)

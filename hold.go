@@ -255,6 +255,30 @@ func (q *queue) holdGone(ctx context.Context, h *hold) error {
 	return q.keyGone(ctx, h.maxLease())
 }
 
+// keyGone says why this queue's key is gone, asking etcd whether the lease
+// it was bound to still exists: the session's lease, or maxLease when not
+// 0. If the session's lease is gone, the session ends now (rather than at
+// its next renewal) and its error is returned: "lease ... was revoked or
+// expired". Else the key was deleted. It costs one RPC, on the loss path
+// only.
+func (q *queue) keyGone(ctx context.Context, maxLease clientv3.LeaseID) error {
+	lease := q.s.Lease()
+	if maxLease != 0 {
+		lease = maxLease
+	}
+	resp, err := q.s.cli.TimeToLive(ctx, lease)
+	switch {
+	case err != nil:
+		return errorf("key %s is gone (lease check failed: %v)", q.key, err)
+	case resp.TTL >= 0: // 0 is a live lease with under 1s left
+		return errorf("key %s was %w", q.key, errDeleted)
+	case maxLease != 0:
+		return errorf("max hold lease %x was %w", maxLease, errRevokedOrExpired)
+	}
+	q.s.lost()
+	return q.s.Err()
+}
+
 // Causes of a loss, told apart by HoldEnd.
 var (
 	// errMaxHold is the cause of a loss by WithMaxHold.

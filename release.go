@@ -283,18 +283,6 @@ func (q *queue) finishNow(ctx context.Context, h *hold) {
 	q.s.releaseName(q.name)
 }
 
-// pauseOr is pause that also ends, early, when stop is closed.
-func pauseOr(ctx context.Context, backoff *time.Duration, stop <-chan struct{}) {
-	t := time.NewTimer(*backoff)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-stop:
-	case <-t.C:
-	}
-	*backoff = min(2**backoff, maxBackoff)
-}
-
 // A releaser sends, in the background, the releases that Unlock returned
 // before etcd confirmed (its ctx ended), and tidies up after losses that
 // leave a max hold lease: one goroutine per session while any is pending,
