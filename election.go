@@ -174,7 +174,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 		return errorf("proclaim %s: %w", e.key, e.rpcErr(err))
 	}
 	if !resp.Succeeded {
-		cause := e.keyGone(ctx, 0)
+		cause := e.whyKeyGone(ctx, 0)
 		e.lose(h, cause)
 		return errorf("%w: %w: %w", ErrNotLeader, ErrLockLost, cause)
 	}
@@ -396,7 +396,7 @@ func (o *observer) run(ctx context.Context) error {
 		case errors.Is(err, rpctypes.ErrCompacted):
 			// History since rev is gone: read the state anew.
 			o.known = false
-		case !passing(err):
+		case !transient(err):
 			return errorf("observe %s: %w", o.name, err)
 		}
 		if time.Since(started) > maxBackoff {

@@ -21,11 +21,11 @@ type hold struct {
 	limit *holdLimit // set when WithMaxHold re-attached the key to a lease of its own
 
 	// Guarded by queue.mu.
-	done    chan struct{} // closed when the hold ends; made by the first Done or Unlock
-	err     error         // ErrLockLost after an involuntary end
-	watch   *keyWatch     // the loss watch; nil until Done asks for it
-	state   holdState     // see holdstate.go, as is attempt
-	attempt attemptState  // where the attempts of its release are
+	done     chan struct{} // closed when the hold ends; made by the first Done or Unlock
+	err      error         // ErrLockLost after an involuntary end
+	watch    *keyWatch     // the loss watch; nil until Done asks for it
+	state    holdState     // see holdstate.go, as is attempts
+	attempts attemptState  // where the attempts of its release are
 	// owed: Unlock returned before the release ended (handOff); the next
 	// Unlock waits for it, or reports how it ended. It spans the
 	// releasing and ended states: the report is owed until an Unlock
@@ -252,16 +252,16 @@ func (q *queue) holdGone(ctx context.Context, h *hold) error {
 	if released {
 		return errorf("key %s was %w", q.key, errDeleted)
 	}
-	return q.keyGone(ctx, h.maxLease())
+	return q.whyKeyGone(ctx, h.maxLease())
 }
 
-// keyGone says why this queue's key is gone, asking etcd whether the lease
+// whyKeyGone says why this queue's key is gone, asking etcd whether the lease
 // it was bound to still exists: the session's lease, or maxLease when not
 // 0. If the session's lease is gone, the session ends now (rather than at
 // its next renewal) and its error is returned: "lease ... was revoked or
 // expired". Else the key was deleted. It costs one RPC, on the loss path
 // only.
-func (q *queue) keyGone(ctx context.Context, maxLease clientv3.LeaseID) error {
+func (q *queue) whyKeyGone(ctx context.Context, maxLease clientv3.LeaseID) error {
 	lease := q.s.Lease()
 	if maxLease != 0 {
 		lease = maxLease
@@ -308,7 +308,7 @@ func (q *queue) limitHold(ctx context.Context, h *hold) error {
 		Then(clientv3.OpPut(q.key, q.value(h.mode), clientv3.WithLease(g.ID))).
 		Commit()
 	if err == nil && !resp.Succeeded {
-		err = errorf("%w: %w", ErrLockLost, q.keyGone(ctx, 0))
+		err = errorf("%w: %w", ErrLockLost, q.whyKeyGone(ctx, 0))
 	}
 	if err != nil {
 		q.revokeMaxHold(ctx, h)

@@ -61,7 +61,7 @@ func (h *hold) held() bool { return h.state == holdHeld || h.state == holdDowngr
 
 // intact reports whether h is held and no release attempt was ever sent:
 // whether a vanished key is a loss.
-func (h *hold) intact() bool { return h.held() && h.attempt == attemptNone }
+func (h *hold) intact() bool { return h.held() && h.attempts == attemptNone }
 
 // ended reports whether h has ended: released or lost.
 func (h *hold) ended() bool { return h.state >= holdEnded }
@@ -99,16 +99,16 @@ func (h *hold) handOff() { h.state, h.owed = holdReleasing, true }
 // sendAttempt records that a release attempt is sent, and reports whether
 // it is the first.
 func (h *hold) sendAttempt() (first bool) {
-	first = h.attempt == attemptNone
-	h.attempt = attemptInFlight
+	first = h.attempts == attemptNone
+	h.attempts = attemptInFlight
 	return first
 }
 
 // attemptAnswered records that the attempt in flight was answered (or
 // failed), and reports whether the loss watch saw the key go meanwhile.
 func (h *hold) attemptAnswered() (goneMid bool) {
-	goneMid = h.attempt == attemptGoneInFlight
-	h.attempt = attemptSent
+	goneMid = h.attempts == attemptGoneInFlight
+	h.attempts = attemptSent
 	return goneMid
 }
 
@@ -134,12 +134,12 @@ func (h *hold) seenGone(cause error) (ended bool, _ error) {
 		// the next Unlock finishes it.
 	case byLease:
 		return false, nil
-	case h.attempt == attemptInFlight || h.attempt == attemptGoneInFlight:
+	case h.attempts == attemptInFlight || h.attempts == attemptGoneInFlight:
 		// The attempt's answer tells what happened; should its RPC
 		// fail, the release ends as released.
-		h.attempt = attemptGoneInFlight
+		h.attempts = attemptGoneInFlight
 		return false, nil
-	case h.attempt == attemptNone:
+	case h.attempts == attemptNone:
 		// Gone before the release's first attempt.
 		err = errorf("%w before Unlock: %w", ErrLockLost, cause)
 	}

@@ -35,11 +35,16 @@ type queueRead struct {
 	// For a waiter admitted by this read, it is the hold's header; a Try
 	// that is admitted takes the header of its write instead.
 	hdr      *pb.ResponseHeader
-	blockers []entry  // what keeps me out, newest first (see rule); none: me is admitted at rev
-	freeing  []string // the keys of the blockers whose deletion alone admits me (freeingOf); only when complete
-	complete bool     // the pages read hold every key ahead of me
-	// own is, for a Try only (me.rev 0), this session's own key as the
-	// read found it (a key left by a cleanup that could not reach etcd).
+	blockers []entry // what keeps me out, newest first (see rule); none: me is admitted at rev
+	// releasers are the keys of the blockers whose deletion alone admits
+	// me (releasersOf): for a Mutex the key just ahead, for a reader the
+	// writer ahead when it is the only one. When one of them goes, the
+	// waiter knows it is in without reading the queue again
+	// (recheck). Set only when complete, with at most maxWatched blockers.
+	releasers []string
+	complete  bool // the pages read hold every key ahead of me
+	// own is, for a Try only, this session's own key as the read found
+	// it (a key left by a cleanup that could not reach etcd).
 	own *mvccpb.KeyValue
 }
 
@@ -50,7 +55,7 @@ type queueRead struct {
 // header is hdr), and reads further pages, at hdr's revision too (see
 // pager), only while me's rule finds no blockers. When the pages read hold
 // every key ahead, the read also says which blockers' deletion alone
-// admits me (freeing), so that a waiter learns it is in without reading
+// admits me (releasers), so that a waiter learns it is in without reading
 // the queue again (recheck). If etcd compacts the revision before a later
 // page is read, it returns errPageCompacted: the caller reads the queue
 // anew.
@@ -72,7 +77,7 @@ func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb
 		read.complete = !more
 		if read.blockers = admit(me, ahead); len(read.blockers) > 0 {
 			if read.complete && len(read.blockers) <= maxWatched {
-				read.freeing = freeingOf(me, ahead, read.blockers)
+				read.releasers = releasersOf(me, ahead, read.blockers)
 			}
 			return read, nil
 		}
@@ -152,16 +157,16 @@ func isChild(pfx string, key []byte) bool {
 	return ok && rest != "" && !strings.Contains(rest, "/")
 }
 
-// freeingOf returns the keys of those of me's blockers whose deletion alone
+// releasersOf returns the keys of those of me's blockers whose deletion alone
 // admits me, given every key ahead of me (newest first).
-func freeingOf(me entry, ahead, blockers []entry) []string {
-	var freeing []string
+func releasersOf(me entry, ahead, blockers []entry) []string {
+	var releasers []string
 	for _, b := range blockers {
 		if len(me.mode.rule()(me, without(ahead, b.key))) == 0 {
-			freeing = append(freeing, b.key)
+			releasers = append(releasers, b.key)
 		}
 	}
-	return freeing
+	return releasers
 }
 
 // without returns a copy of ahead without the key gone.

@@ -105,14 +105,14 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 		}
 		switch {
 		case q.s.Err() != nil:
-			rel := q.ended(ctx, h, nil, true, op)
+			rel := q.endRelease(ctx, h, nil, true, op)
 			if err != nil && errors.Is(rel, ErrSessionExpired) {
 				rel = q.leftToLease(op, err) // with the last attempt's error
 			}
 			return rel
 		case ctx.Err() != nil:
 			return q.background(ctx, h, op, errorf("%s %s: %w; %w", op, q.key, ctx.Err(), errReleasePending))
-		case !passing(err):
+		case !transient(err):
 			// etcd refused it (a permission denied, say): no retry
 			// will do better. The hold stays; Unlock may be called
 			// again.
@@ -122,7 +122,7 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 				return errorf("%s %s: %w", op, q.key, err)
 			}
 			q.mu.Unlock()
-			return q.ended(ctx, h, nil, false, op) // the loss watch saw the key go
+			return q.endRelease(ctx, h, nil, false, op) // the loss watch saw the key go
 		}
 		q.mu.Lock()
 		if h.done == nil {
@@ -142,7 +142,7 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 	q.mu.Lock()
 	if h.ended() {
 		q.mu.Unlock()
-		return true, q.ended(ctx, h, nil, false, op)
+		return true, q.endRelease(ctx, h, nil, false, op)
 	}
 	first := h.sendAttempt()
 	q.mu.Unlock()
@@ -156,17 +156,17 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 	switch {
 	case err == nil && resp.Succeeded, err != nil && goneMid:
 		// Deleted, or the loss watch saw the key go meanwhile.
-		return true, q.ended(ctx, h, nil, false, op)
+		return true, q.endRelease(ctx, h, nil, false, op)
 	case err == nil && first:
 		// No attempt of ours can have deleted the key: it was gone
 		// before the release began.
-		lost := errorf("%w before %s: %w", ErrLockLost, op, q.keyGone(ctx, h.maxLease()))
-		return true, q.ended(ctx, h, lost, false, op)
+		lost := errorf("%w before %s: %w", ErrLockLost, op, q.whyKeyGone(ctx, h.maxLease()))
+		return true, q.endRelease(ctx, h, lost, false, op)
 	case err == nil:
 		// An earlier attempt may have deleted it, or someone else did
 		// (or its lease ended) before it arrived: etcd keeps nothing
 		// that tells the two apart. Not known to be lost.
-		return true, q.ended(ctx, h, nil, false, op)
+		return true, q.endRelease(ctx, h, nil, false, op)
 	}
 	return false, err
 }
@@ -199,12 +199,12 @@ func (q *queue) leftToLease(op string, err error) error {
 	return errorf("%s %s: the session ended, the key goes with its lease: %w", op, q.key, serr)
 }
 
-// ended ends h, unless it has ended already (the loss watch, between
+// endRelease ends h, unless it has ended already (the loss watch, between
 // attempts), with err as its Err (nil: released) and byLease saying that
 // the session's end took the key, and finishes it. It returns what Unlock
 // (op) returns for the release (relOf). Called by the owner of h's
 // release.
-func (q *queue) ended(ctx context.Context, h *hold, err error, byLease bool, op string) error {
+func (q *queue) endRelease(ctx context.Context, h *hold, err error, byLease bool, op string) error {
 	q.mu.Lock()
 	now := h.endWith(err)
 	if now {
@@ -231,7 +231,7 @@ func (q *queue) background(ctx context.Context, h *hold, op string, err error) e
 	q.mu.Lock()
 	if h.ended() {
 		q.mu.Unlock()
-		return q.ended(ctx, h, nil, false, op)
+		return q.endRelease(ctx, h, nil, false, op)
 	}
 	h.handOff()
 	if h.done == nil {
@@ -246,7 +246,7 @@ func (q *queue) background(ctx context.Context, h *hold, op string, err error) e
 		q.mu.Lock()
 		h.owed = false
 		q.mu.Unlock()
-		return q.ended(ctx, h, nil, true, op)
+		return q.endRelease(ctx, h, nil, true, op)
 	}
 	return err
 }
@@ -401,7 +401,7 @@ func (q *queue) step(h *hold, tidy bool) bool {
 		if tidy {
 			q.finishNow(context.Background(), h)
 		} else {
-			q.ended(context.Background(), h, nil, true, "Unlock")
+			q.endRelease(context.Background(), h, nil, true, "Unlock")
 		}
 		return true
 	}
@@ -423,7 +423,7 @@ func (q *queue) step(h *hold, tidy bool) bool {
 	}
 	done, _ := q.attempt(actx, h, "Unlock")
 	if !done && q.s.Err() != nil {
-		q.ended(context.Background(), h, nil, true, "Unlock")
+		q.endRelease(context.Background(), h, nil, true, "Unlock")
 		return true
 	}
 	return done

@@ -35,12 +35,12 @@ func (q *queue) retryable(ctx context.Context, err error) bool {
 	if err == nil || ctx.Err() != nil || q.s.Err() != nil {
 		return false
 	}
-	return passing(err)
+	return transient(err)
 }
 
-// passing reports whether err passes: a broken watch, or an etcd error
+// transient reports whether err passes: a broken watch, or an etcd error
 // that a later attempt may not meet.
-func passing(err error) bool {
+func transient(err error) bool {
 	if errors.Is(err, errWatchBroken) || errors.Is(err, errPageCompacted) {
 		return true
 	}
@@ -54,7 +54,7 @@ func passing(err error) bool {
 	if rpctypes.ErrorDesc(err) == errProposalDropped {
 		return true
 	}
-	// etcd's passing errors (no leader, leader changed, its own request
+	// etcd's transient errors (no leader, leader changed, its own request
 	// timeouts, too many requests) carry these codes; judging by the code
 	// rather than a list keeps errors of newer etcd releases covered.
 	code := status.Code(err)

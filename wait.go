@@ -23,7 +23,7 @@ const maxWatched = 64
 type waiter struct {
 	q    *queue
 	me   entry
-	read queueRead // the queue ahead of me as last read: blockers and freeing at read.rev
+	read queueRead // the queue ahead of me as last read: blockers and releasers at read.rev
 
 	// While it watches (watchTurn): the watch of its own key, what its
 	// watches tell it, the watches of its blockers (or of the prefix), and
@@ -334,7 +334,7 @@ func (w *waiter) recheck(ctx context.Context, gone string, at int64) (queueRead,
 	// round trip then only checks that my key is still mine, and reads no
 	// queue: readers admitted together by a writer's release each read
 	// one key, not the queue.
-	if gone != "" && slices.Contains(w.read.freeing, gone) {
+	if gone != "" && slices.Contains(w.read.releasers, gone) {
 		return w.confirm(ctx, at)
 	}
 	// Otherwise one round trip checks that my key is still mine and finds
@@ -414,7 +414,7 @@ func (q *queue) lostWhileWaiting(ctx context.Context) error {
 	if err := q.s.Err(); err != nil {
 		return err
 	}
-	cause := q.keyGone(ctx, 0)
+	cause := q.whyKeyGone(ctx, 0)
 	if errors.Is(cause, ErrSessionExpired) {
 		return cause
 	}
