@@ -171,9 +171,9 @@ func (q *queue) unknownWrite(ctx context.Context, err error) error {
 // would leave a key that blocks the queue until the session ends). It ends
 // only with the session, and needs no other bound: the key is bound to the
 // session's lease, so once the session has ended nothing the write does
-// outlives the lease. Lock checks ctx right after the write. A deadline of
-// the library's own here made Locks with no deadline fail under load with
-// a context.DeadlineExceeded their callers could not tell from their own.
+// outlives the lease. Lock checks ctx right after the write. Nor does it
+// have a deadline of its own: a Lock called without one must not fail with
+// a context.DeadlineExceeded its caller cannot tell from its own.
 func (q *queue) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return q.s.bound(context.WithoutCancel(ctx))
 }
