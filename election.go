@@ -152,12 +152,12 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	switch {
 	case h == nil:
 		lost = errors.New("not elected")
-	case h.state == holdEnded:
+	case h.ended():
 		lost = h.err
 		if lost == nil {
 			lost = errors.New("leadership ended")
 		}
-	case h.state != holdHeld || h.sent:
+	case !h.intact():
 		lost = errors.New("resigning")
 	default:
 		lost = e.unwatchedLoss(h)
@@ -174,7 +174,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 		return errorf("proclaim %s: %w", e.key, e.rpcErr(err))
 	}
 	if !resp.Succeeded {
-		cause := e.keyGone(ctx, 0)
+		cause := e.whyKeyGone(ctx, 0)
 		e.lose(h, cause)
 		return errorf("%w: %w: %w", ErrNotLeader, ErrLockLost, cause)
 	}
@@ -382,7 +382,7 @@ type observer struct {
 // run observes until ctx ends, the caller stops, or an error that does not
 // pass.
 func (o *observer) run(ctx context.Context) error {
-	backoff := minBackoff // the waiter's backoff (wait.go)
+	backoff := minBackoff // the waiter's backoff (retry.go)
 	for {
 		started := time.Now()
 		err := o.watch(ctx)
@@ -396,7 +396,7 @@ func (o *observer) run(ctx context.Context) error {
 		case errors.Is(err, rpctypes.ErrCompacted):
 			// History since rev is gone: read the state anew.
 			o.known = false
-		case !passing(err):
+		case !transient(err):
 			return errorf("observe %s: %w", o.name, err)
 		}
 		if time.Since(started) > maxBackoff {

@@ -21,19 +21,16 @@ type hold struct {
 	limit *holdLimit // set when WithMaxHold re-attached the key to a lease of its own
 
 	// Guarded by queue.mu.
-	done  chan struct{} // closed when the hold ends; made by the first Done or Unlock
-	err   error         // ErrLockLost after an involuntary end
-	watch *keyWatch     // the loss watch; nil until Done asks for it
-	state holdState     // see release.go
-	// sent: a release attempt was sent. From then on the key may vanish
-	// by the release's own doing: a vanished key is no longer evidence
-	// of a loss.
-	sent        bool
-	inflight    bool // a release attempt is in flight
-	goneMid     bool // the loss watch saw the key go while an attempt was in flight
-	owed        bool // Unlock returned before the release ended: the next Unlock reports how it ended
-	finished    bool // the hold is no longer the queue's, or is being made so (finish)
-	downgrading bool // a Downgrade is under way: Unlock gets ErrLockReleased meanwhile
+	done     chan struct{} // closed when the hold ends; made by the first Done or Unlock
+	err      error         // ErrLockLost after an involuntary end
+	watch    *keyWatch     // the loss watch; nil until Done asks for it
+	state    holdState     // see holdstate.go, as is attempts
+	attempts attemptState  // where the attempts of its release are
+	// owed: Unlock returned before the release ended (handOff); the next
+	// Unlock waits for it, or reports how it ended. It spans the
+	// releasing and ended states: the report is owed until an Unlock
+	// takes it.
+	owed        bool
 	modeUnknown bool // a Downgrade's outcome is unknown: Unlock and RUnlock both release
 	byLease     bool // the release ended with the session: its key goes with the lease
 
@@ -88,7 +85,7 @@ func (q *queue) Done() <-chan struct{} {
 	if h == nil {
 		h = q.last
 	}
-	if h == nil || h.state == holdEnded && h.done == nil {
+	if h == nil || h.ended() && h.done == nil {
 		q.mu.Unlock()
 		return closedChan
 	}
@@ -97,11 +94,11 @@ func (q *queue) Done() <-chan struct{} {
 	}
 	var ended bool
 	var err error
-	if h.watch == nil && h.state != holdEnded {
+	if h.watch == nil && !h.ended() {
 		// finish stops the watch; the session's end ends it, and the
 		// hold with it.
 		if h.watch = q.s.watcher.watchHold(q, h); h.watch == nil {
-			ended, err = q.loseLocked(h, q.s.Err()) // the session has ended
+			ended, err = h.seenGone(q.s.Err()) // the session has ended
 		}
 	}
 	done := h.done
@@ -129,9 +126,9 @@ func (q *queue) Err() error {
 		return nil
 	}
 	switch {
-	case h.state == holdEnded:
+	case h.ended():
 		return h.err
-	case h.state != holdHeld || h.sent:
+	case !h.intact():
 		// A release has begun: what happens to the key now is no
 		// loss, unless the release finds it was (Unlock tells).
 		return nil
@@ -208,12 +205,12 @@ func (q *queue) do(ctx context.Context, mode KeyMode, fn func(ctx context.Contex
 }
 
 // lose ends h as lost, from the loss watch (cause: why the key went), or
-// tells the owner of its release that the key is gone. The watch is not
-// stopped: it is the caller.
+// tells the owner of its release that the key is gone (seenGone). The
+// watch is not stopped: it is the caller.
 func (q *queue) lose(h *hold, cause error) {
 	q.mu.Lock()
-	ended, err := q.loseLocked(h, cause)
-	releasing := h.state == holdReleasing || h.state == holdEnded && h.owed
+	ended, err := h.seenGone(cause)
+	releasing := h.state == holdReleasing || h.ended() && h.owed
 	q.mu.Unlock()
 	if ended {
 		q.reportEnd(h, err)
@@ -221,53 +218,6 @@ func (q *queue) lose(h *hold, cause error) {
 	if releasing {
 		q.s.releaser.signal() // it finishes the hold
 	}
-}
-
-// loseLocked is lose, called with q.mu held. It reports whether h ended
-// now, and with what error: then the caller calls reportEnd, once it has
-// released q.mu.
-func (q *queue) loseLocked(h *hold, cause error) (ended bool, _ error) {
-	if h.state == holdEnded {
-		return false, nil
-	}
-	// The session's end (its lease is gone, or it gave up on it) during
-	// a release is no loss: the release's owner sees the session end,
-	// and the key goes with the lease.
-	byLease := errors.Is(cause, ErrSessionExpired)
-	var err error
-	switch {
-	case h.state == holdHeld && !h.sent:
-		err = errorf("%w: %w", ErrLockLost, cause)
-	case h.state == holdHeld:
-		// Between the attempts of a failed Unlock: one may have
-		// deleted the key. The hold has ended, not known to be lost;
-		// the next Unlock finishes it.
-	case byLease:
-		return false, nil
-	case h.inflight:
-		// The attempt's answer tells what happened; should its RPC
-		// fail, the release ends as released.
-		h.goneMid = true
-		return false, nil
-	case !h.sent:
-		// Gone before the release's first attempt.
-		err = errorf("%w before Unlock: %w", ErrLockLost, cause)
-	}
-	return h.end(err), err
-}
-
-// end ends h with err (nil: not lost), unless it has ended already, and
-// reports whether it ended now: then the caller calls reportEnd, once it
-// has released queue.mu. Called with queue.mu held.
-func (h *hold) end(err error) bool {
-	if h.state == holdEnded {
-		return false
-	}
-	h.state, h.err = holdEnded, err
-	if h.done != nil {
-		close(h.done)
-	}
-	return true
 }
 
 // reportEnd tells the session's hooks and logger that h ended with err
@@ -297,12 +247,36 @@ func (q *queue) reportEnd(h *hold, err error) {
 // the release tells.
 func (q *queue) holdGone(ctx context.Context, h *hold) error {
 	q.mu.Lock()
-	released := h.sent || h.state != holdHeld
+	released := !h.intact()
 	q.mu.Unlock()
 	if released {
 		return errorf("key %s was %w", q.key, errDeleted)
 	}
-	return q.keyGone(ctx, h.maxLease())
+	return q.whyKeyGone(ctx, h.maxLease())
+}
+
+// whyKeyGone says why this queue's key is gone, asking etcd whether the lease
+// it was bound to still exists: the session's lease, or maxLease when not
+// 0. If the session's lease is gone, the session ends now (rather than at
+// its next renewal) and its error is returned: "lease ... was revoked or
+// expired". Else the key was deleted. It costs one RPC, on the loss path
+// only.
+func (q *queue) whyKeyGone(ctx context.Context, maxLease clientv3.LeaseID) error {
+	lease := q.s.Lease()
+	if maxLease != 0 {
+		lease = maxLease
+	}
+	resp, err := q.s.cli.TimeToLive(ctx, lease)
+	switch {
+	case err != nil:
+		return errorf("key %s is gone (lease check failed: %v)", q.key, err)
+	case resp.TTL >= 0: // 0 is a live lease with under 1s left
+		return errorf("key %s was %w", q.key, errDeleted)
+	case maxLease != 0:
+		return errorf("max hold lease %x was %w", maxLease, errRevokedOrExpired)
+	}
+	q.s.lost()
+	return q.s.Err()
 }
 
 // Causes of a loss, told apart by HoldEnd.
@@ -334,7 +308,7 @@ func (q *queue) limitHold(ctx context.Context, h *hold) error {
 		Then(clientv3.OpPut(q.key, q.value(h.mode), clientv3.WithLease(g.ID))).
 		Commit()
 	if err == nil && !resp.Succeeded {
-		err = errorf("%w: %w", ErrLockLost, q.keyGone(ctx, 0))
+		err = errorf("%w: %w", ErrLockLost, q.whyKeyGone(ctx, 0))
 	}
 	if err != nil {
 		q.revokeMaxHold(ctx, h)

@@ -249,7 +249,7 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 	cancel(nil)
 
 	// Resign, also after a loss (it then only forgets the leadership).
-	// It is bounded, as hold.go's unlock attempts are, and by the session:
+	// It is bounded, as release.go's unlock attempts are, and by the session:
 	// once the session has ended, the key goes with the lease.
 	rctx, cancelResign := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	bctx, unbind := s.bound(rctx)

@@ -146,7 +146,7 @@ func TestFreeing(t *testing.T) {
 		q := queueOf(t, tc.queue...)
 		me := q[len(q)-1]
 		ahead := aheadOf(q, len(q)-1)
-		if got := freeingOf(me, ahead, me.mode.rule()(me, ahead)); !slices.Equal(got, tc.want) {
+		if got := releasersOf(me, ahead, me.mode.rule()(me, ahead)); !slices.Equal(got, tc.want) {
 			t.Errorf("%v: freeing %v, want %v", tc.queue, got, tc.want)
 		}
 	}

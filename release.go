@@ -9,32 +9,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// A hold's release has one owner at a time, and its state says which:
-//
-//	held ──Unlock──▶ unlocking ──confirmed, or the key seen gone──▶ ended
-//	  ▲                 │ ctx ended before it was confirmed
-//	  │                 ▼
-//	  └─error that ── releasing (the session's releaser sends it) ──▶ ended
-//	    does not pass
-//
-// A hold also ends from held, when it is lost (the loss watch, the
-// session's end, the max hold passing); it then stays the queue's until
-// Unlock says so. A release is the delete of the hold's key guarded by its
-// create revision: sent again and again, it can never delete another
-// hold's key (etcd issue 22082), so it is sent until etcd confirms it, for
-// as long as etcd is out of reach and the session lives, and never left
-// undone: a lock whose release failed once must not stay held while its
-// session renews it. The one who ends a release also finishes the hold
-// (finish): stops its watch, revokes its max hold lease and gives back the
-// name, so that the next Lock of the session waits for the release.
-type holdState uint8
-
-const (
-	holdHeld      holdState = iota // acquired; no release under way
-	holdUnlocking                  // an Unlock call sends the release
-	holdReleasing                  // the session's releaser sends it: Unlock returned before it was confirmed
-	holdEnded                      // released or lost (err); done is closed
-)
+// The release of a hold, by Unlock or by the session's releaser. The
+// hold's states and their transitions are in holdstate.go.
 
 // unlock ends the current hold if match accepts its mode (nil: any). op
 // names the caller for errors ("RUnlock"). A hold of another mode stays
@@ -48,7 +24,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		// A retry after an Unlock that left the release to the
 		// background: wait for it, or say how it ended, once.
 		if l := q.last; l != nil && l.owed {
-			if l.state != holdEnded {
+			if !l.ended() {
 				q.mu.Unlock()
 				return q.awaitRelease(ctx, l, op)
 			}
@@ -58,16 +34,15 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		}
 		q.mu.Unlock()
 		return ErrLockReleased
-	case h.state == holdUnlocking || h.downgrading:
+	case h.state == holdUnlocking || h.state == holdDowngrading:
 		q.mu.Unlock()
 		return ErrLockReleased // another call is under way
-	case h.state == holdEnded && h.err == nil:
+	case h.ended() && h.err == nil:
 		// Ended while no release was under way (the key went after a
 		// failed Unlock, which may have deleted it): finish it, as
 		// released. Otherwise the owner of a release that ended is
 		// finishing it.
-		claim := !h.finished
-		h.finished = claim
+		claim := h.claimFinish()
 		q.mu.Unlock()
 		if !claim {
 			return ErrLockReleased
@@ -79,19 +54,23 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		return errorf("%w: %s of a hold in mode %s", ErrLockReleased, op, h.mode)
 	}
 	ended := false
-	if h.state == holdHeld && !h.sent {
+	if h.intact() {
 		if lost := q.unwatchedLoss(h); lost != nil {
-			ended = h.end(lost)
+			ended = h.endWith(lost)
 		}
 	}
-	if h.state == holdEnded {
+	if h.ended() {
+		if !h.claimFinish() {
+			// The owner of its release ended it and is finishing it.
+			q.mu.Unlock()
+			return ErrLockReleased
+		}
 		// A loss known before Unlock stands, whatever becomes of a
 		// delete: report it at once rather than wait for etcd, which may
 		// be out of reach. The key is gone, or goes with its lease; what
 		// may be left (a max hold lease that has not run out) is left to
 		// the background.
 		err := h.err
-		h.finished = true
 		q.h, q.last = nil, h
 		q.mu.Unlock()
 		if ended {
@@ -102,7 +81,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		}
 		return err
 	}
-	h.state = holdUnlocking
+	h.beginUnlock()
 	q.mu.Unlock()
 	return q.release(ctx, h, op)
 }
@@ -126,25 +105,24 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 		}
 		switch {
 		case q.s.Err() != nil:
-			rel := q.ended(ctx, h, nil, true, op)
+			rel := q.endRelease(ctx, h, nil, true, op)
 			if err != nil && errors.Is(rel, ErrSessionExpired) {
 				rel = q.leftToLease(op, err) // with the last attempt's error
 			}
 			return rel
 		case ctx.Err() != nil:
 			return q.background(ctx, h, op, errorf("%s %s: %w; %w", op, q.key, ctx.Err(), errReleasePending))
-		case !passing(err):
+		case !transient(err):
 			// etcd refused it (a permission denied, say): no retry
 			// will do better. The hold stays; Unlock may be called
 			// again.
 			q.mu.Lock()
-			if h.state == holdUnlocking {
-				h.state = holdHeld
+			if h.refuse() {
 				q.mu.Unlock()
 				return errorf("%s %s: %w", op, q.key, err)
 			}
 			q.mu.Unlock()
-			return q.ended(ctx, h, nil, false, op) // the loss watch saw the key go
+			return q.endRelease(ctx, h, nil, false, op) // the loss watch saw the key go
 		}
 		q.mu.Lock()
 		if h.done == nil {
@@ -162,35 +140,33 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 // error: the attempt's outcome is unknown.
 func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ error) {
 	q.mu.Lock()
-	if h.state == holdEnded {
+	if h.ended() {
 		q.mu.Unlock()
-		return true, q.ended(ctx, h, nil, false, op)
+		return true, q.endRelease(ctx, h, nil, false, op)
 	}
-	first := !h.sent
-	h.sent, h.inflight = true, true
+	first := h.sendAttempt()
 	q.mu.Unlock()
 	resp, err := q.s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
 		Then(clientv3.OpDelete(q.key)).
 		Commit()
 	q.mu.Lock()
-	h.inflight = false
-	goneMid := h.goneMid
+	goneMid := h.attemptAnswered()
 	q.mu.Unlock()
 	switch {
 	case err == nil && resp.Succeeded, err != nil && goneMid:
 		// Deleted, or the loss watch saw the key go meanwhile.
-		return true, q.ended(ctx, h, nil, false, op)
+		return true, q.endRelease(ctx, h, nil, false, op)
 	case err == nil && first:
 		// No attempt of ours can have deleted the key: it was gone
 		// before the release began.
-		lost := errorf("%w before %s: %w", ErrLockLost, op, q.keyGone(ctx, h.maxLease()))
-		return true, q.ended(ctx, h, lost, false, op)
+		lost := errorf("%w before %s: %w", ErrLockLost, op, q.whyKeyGone(ctx, h.maxLease()))
+		return true, q.endRelease(ctx, h, lost, false, op)
 	case err == nil:
 		// An earlier attempt may have deleted it, or someone else did
 		// (or its lease ended) before it arrived: etcd keeps nothing
 		// that tells the two apart. Not known to be lost.
-		return true, q.ended(ctx, h, nil, false, op)
+		return true, q.endRelease(ctx, h, nil, false, op)
 	}
 	return false, err
 }
@@ -223,20 +199,19 @@ func (q *queue) leftToLease(op string, err error) error {
 	return errorf("%s %s: the session ended, the key goes with its lease: %w", op, q.key, serr)
 }
 
-// ended ends h, unless it has ended already (the loss watch, between
+// endRelease ends h, unless it has ended already (the loss watch, between
 // attempts), with err as its Err (nil: released) and byLease saying that
 // the session's end took the key, and finishes it. It returns what Unlock
 // (op) returns for the release (relOf). Called by the owner of h's
 // release.
-func (q *queue) ended(ctx context.Context, h *hold, err error, byLease bool, op string) error {
+func (q *queue) endRelease(ctx context.Context, h *hold, err error, byLease bool, op string) error {
 	q.mu.Lock()
-	now := h.end(err)
+	now := h.endWith(err)
 	if now {
 		h.byLease = byLease
 	}
 	rel := q.relOf(h, op)
-	claim := !h.finished
-	h.finished = true
+	claim := h.claimFinish()
 	q.mu.Unlock()
 	if now {
 		q.reportEnd(h, err)
@@ -254,11 +229,11 @@ func (q *queue) ended(ctx context.Context, h *hold, err error, byLease bool, op 
 // Unlock reports how it ended.
 func (q *queue) background(ctx context.Context, h *hold, op string, err error) error {
 	q.mu.Lock()
-	if h.state == holdEnded {
+	if h.ended() {
 		q.mu.Unlock()
-		return q.ended(ctx, h, nil, false, op)
+		return q.endRelease(ctx, h, nil, false, op)
 	}
-	h.state, h.owed = holdReleasing, true
+	h.handOff()
 	if h.done == nil {
 		h.done = make(chan struct{}) // a retried Unlock waits on it
 	}
@@ -271,7 +246,7 @@ func (q *queue) background(ctx context.Context, h *hold, op string, err error) e
 		q.mu.Lock()
 		h.owed = false
 		q.mu.Unlock()
-		return q.ended(ctx, h, nil, true, op)
+		return q.endRelease(ctx, h, nil, true, op)
 	}
 	return err
 }
@@ -291,7 +266,7 @@ func (q *queue) awaitRelease(ctx context.Context, h *hold, op string) error {
 }
 
 // finishNow makes h, which has ended and whose finishing the caller
-// claimed (h.finished), no longer the queue's: it stops its loss watch,
+// claimed (claimFinish), no longer the queue's: it stops its loss watch,
 // revokes its max hold lease and gives back the name, which lets the next
 // Lock of the session and name go on.
 func (q *queue) finishNow(ctx context.Context, h *hold) {
@@ -306,18 +281,6 @@ func (q *queue) finishNow(ctx context.Context, h *hold) {
 	}
 	q.revokeMaxHold(ctx, h)
 	q.s.releaseName(q.name)
-}
-
-// pauseOr is pause that also ends, early, when stop is closed.
-func pauseOr(ctx context.Context, backoff *time.Duration, stop <-chan struct{}) {
-	t := time.NewTimer(*backoff)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-stop:
-	case <-t.C:
-	}
-	*backoff = min(2**backoff, maxBackoff)
 }
 
 // A releaser sends, in the background, the releases that Unlock returned
@@ -438,7 +401,7 @@ func (q *queue) step(h *hold, tidy bool) bool {
 		if tidy {
 			q.finishNow(context.Background(), h)
 		} else {
-			q.ended(context.Background(), h, nil, true, "Unlock")
+			q.endRelease(context.Background(), h, nil, true, "Unlock")
 		}
 		return true
 	}
@@ -460,7 +423,7 @@ func (q *queue) step(h *hold, tidy bool) bool {
 	}
 	done, _ := q.attempt(actx, h, "Unlock")
 	if !done && q.s.Err() != nil {
-		q.ended(context.Background(), h, nil, true, "Unlock")
+		q.endRelease(context.Background(), h, nil, true, "Unlock")
 		return true
 	}
 	return done

@@ -119,11 +119,11 @@ func admitShared(_ entry, ahead []entry) []entry {
 func (m *RWMutex) Downgrade(ctx context.Context) error {
 	m.mu.Lock()
 	h := m.h
-	if h == nil || h.state != holdHeld || h.downgrading || (!h.mode.Exclusive() && !h.modeUnknown) {
+	if h == nil || h.state != holdHeld || (!h.mode.Exclusive() && !h.modeUnknown) {
 		m.mu.Unlock()
 		return errorf("%w: Downgrade without a write lock", ErrLockReleased)
 	}
-	h.downgrading = true // a concurrent Unlock or RUnlock gets ErrLockReleased
+	h.beginDowngrade() // a concurrent Unlock or RUnlock gets ErrLockReleased
 	m.mu.Unlock()
 
 	// WithIgnoreLease keeps the key's lease: the session's, or the
@@ -134,7 +134,7 @@ func (m *RWMutex) Downgrade(ctx context.Context) error {
 		Commit()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	h.downgrading = false
+	h.endDowngrade()
 	switch {
 	case err != nil:
 		h.modeUnknown = true

@@ -270,7 +270,7 @@ func untilAnswered[T any](ctx context.Context, rpc func(context.Context) (T, err
 	backoff := minBackoff
 	for {
 		resp, err := rpc(ctx)
-		if err == nil || !passing(err) || !pause(ctx, &backoff) {
+		if err == nil || !transient(err) || !pause(ctx, &backoff) {
 			return resp, err
 		}
 	}

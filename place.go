@@ -1,0 +1,225 @@
+package etcdlock
+
+import (
+	"context"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Placing a key in the queue, and removing it after a failed Lock. A
+// write that places a key must not be given up while its outcome is
+// unknown (writeCtx): a key left behind would block the queue for as long
+// as the session lives.
+
+// acquire joins the queue in mode and waits for its turn. It returns the
+// create revision of the key and the header of the response that showed
+// the hold was admitted. On failure it leaves no key (fail).
+func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, err error) {
+	rev, page, hdr, err := q.placeKey(ctx, mode, val)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, q.fail(ctx, rev, err)
+	}
+	w := waiter{q: q, me: entry{key: q.key, rev: rev, mode: mode}}
+	w.read, err = q.scan(ctx, w.me, page, hdr)
+	if q.retryable(ctx, err) {
+		// A later page met a leader election, or a compaction of the
+		// revision it was to be read at: read the queue anew, as a
+		// waiter does.
+		backoff := minBackoff
+		w.read, err = w.reread(ctx, &backoff)
+	}
+	if err != nil {
+		return 0, nil, q.fail(ctx, rev, err)
+	}
+	hdr = w.read.hdr
+	if len(w.read.blockers) > 0 {
+		if hdr, err = w.wait(ctx); err != nil {
+			return 0, nil, q.fail(ctx, rev, err)
+		}
+	}
+	// "Acquired after we were cancelled: pretend we didn't" (x/sync).
+	if err := ctx.Err(); err != nil {
+		return 0, nil, q.fail(ctx, rev, err)
+	}
+	return rev, hdr, nil
+}
+
+// placeKey puts this session's key in mode, and returns its create
+// revision and the first page of the queue, read in the same Txn, whose
+// response has header hdr. On failure it leaves no key (fail).
+func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int64, page *pb.RangeResponse, hdr *pb.ResponseHeader, err error) {
+	// One round trip puts the key and reads the newest keys under the
+	// prefix. Read after the put in the same Txn, they show who is ahead:
+	// uncontended Lock is this one RPC. If this session already has a key
+	// (left by a cleanup that could not reach etcd) in the same mode, its
+	// place is reused, and the Put binds it to the session's lease again
+	// (it may have been bound to a WithMaxHold lease); a Put keeps the
+	// create revision. A leftover in another mode is never Put (Invariant
+	// K): readers behind a leftover read key may hold, and turning it
+	// exclusive at its old place would let a writer in among them. It is
+	// removed, and the key placed anew.
+	var resp *clientv3.TxnResponse
+	for attempt := 0; ; attempt++ {
+		resp, err = q.join(ctx, mode, val)
+		if err != nil {
+			// The Txn may have been applied even though its answer was
+			// lost: remove the key by name.
+			return 0, nil, nil, q.fail(ctx, 0, err)
+		}
+		if resp.Succeeded {
+			break
+		}
+		in := resp.Responses[0].GetResponseTxn()
+		if in.Succeeded {
+			break
+		}
+		if attempt > 0 {
+			// Someone re-created our key in another mode between the two
+			// round trips: only this process uses it, so that cannot
+			// happen short of a misuse of the lease.
+			return 0, nil, nil, q.fail(ctx, 0, errorf("key %s keeps its other mode", q.key))
+		}
+		old := in.Responses[0].GetResponseRange().Kvs
+		if len(old) > 0 {
+			if err := q.remove(ctx, old[0].CreateRevision); err != nil {
+				return 0, nil, nil, err
+			}
+		}
+	}
+	if resp.Succeeded {
+		return resp.Header.Revision, resp.Responses[1].GetResponseRange(), resp.Header, nil
+	}
+	in := resp.Responses[0].GetResponseTxn()
+	return in.Responses[1].GetResponseRange().Kvs[0].CreateRevision, in.Responses[2].GetResponseRange(), resp.Header, nil
+}
+
+// join is place, sent again after an error that passes (retryable) while
+// ctx and the session last. place may be sent again whatever became of
+// the attempt before: if that one put the key, the next finds it in the
+// same mode and keeps its place. So a burst that overloads etcd (its
+// "request timed out", "too many requests") or a leader election slows
+// the Locks down rather than failing them.
+//
+// Each attempt is waited for (writeCtx) even after ctx ends: join returns
+// once etcd answered an attempt, or after an error that does not pass, or
+// when the session ends. It then returns ctx's error if ctx has ended (the
+// caller removes the key, if any, by name), or an error matching
+// ErrSessionExpired that says the key is left to the lease.
+func (q *queue) join(ctx context.Context, mode KeyMode, val string) (*clientv3.TxnResponse, error) {
+	backoff := minBackoff
+	for {
+		resp, err := q.place(ctx, mode, val)
+		if err == nil {
+			return resp, nil
+		}
+		err = q.rpcErr(err)
+		if !q.retryable(ctx, err) || !pause(ctx, &backoff) {
+			return nil, q.unknownWrite(ctx, err)
+		}
+	}
+}
+
+// place is acquire's round trip: it puts the key in mode unless this
+// session has one, and reads the newest keys of the queue. It is a
+// function of its own to keep its many Ops out of acquire's stack frame,
+// which stays on the stack while the waiter waits: with them, a waiting
+// goroutine's stack could not shrink back to its initial size.
+//
+//go:noinline
+func (q *queue) place(ctx context.Context, mode KeyMode, val string) (*clientv3.TxnResponse, error) {
+	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
+	wctx, cancel := q.writeCtx(ctx)
+	defer cancel()
+	return q.s.cli.Txn(wctx).
+		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)).
+		Then(put, q.opQueue(mode, 0)).
+		Else(clientv3.OpTxn(
+			// Our leftover in the same mode keeps its place.
+			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(q.key), "=", val)},
+			[]clientv3.Op{put, clientv3.OpGet(q.key), q.opQueue(mode, 0)},
+			[]clientv3.Op{clientv3.OpGet(q.key)})).
+		Commit()
+}
+
+// unknownWrite explains the failure of a write of Lock whose outcome is
+// unknown (err is the RPC's error): while the session lives, ctx's error
+// if ctx has ended, else err; once the session has ended, an error that
+// says so, matching ErrSessionExpired, and ctx's error only if the
+// caller's ctx ended (ctx is bound to the session), and that says the
+// key, if the write put it, goes with the lease.
+func (q *queue) unknownWrite(ctx context.Context, err error) error {
+	serr := q.s.Err()
+	cerr := q.s.callerErr(ctx)
+	switch {
+	case serr != nil && cerr != nil:
+		return errorf("%w; the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", cerr, q.name, err, serr)
+	case serr != nil:
+		return errorf("the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", q.name, err, serr)
+	case cerr != nil:
+		return cerr
+	}
+	return err
+}
+
+// writeCtx returns a context for a write whose outcome must be known: it
+// outlives ctx's cancellation and deadline, so that Lock never gives up on
+// a Put whose fate is unknown (a Put applied after the cleanup's Delete
+// would leave a key that blocks the queue until the session ends). It ends
+// only with the session, and needs no other bound: the key is bound to the
+// session's lease, so once the session has ended nothing the write does
+// outlives the lease. Lock checks ctx right after the write. Nor does it
+// have a deadline of its own: a Lock called without one must not fail with
+// a context.DeadlineExceeded its caller cannot tell from its own.
+func (q *queue) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return q.s.bound(context.WithoutCancel(ctx))
+}
+
+// fail removes this queue's key after a failed Lock and returns err (joined
+// with the cleanup's error if that failed too). rev is the key's create
+// revision, or 0 when it is unknown because a Txn's outcome is unknown: then
+// the key is deleted by name, which is safe because the session-local name
+// lock makes this call the only user of the key in the process.
+//
+// When the session has ended, the key is left to its lease: Close revoked
+// it, or it is expiring, and etcd may be out of reach.
+func (q *queue) fail(ctx context.Context, rev int64, err error) error {
+	if q.s.Err() != nil {
+		return err
+	}
+	if cerr := q.remove(ctx, rev); cerr != nil {
+		return join(err, cerr)
+	}
+	return err
+}
+
+// remove deletes this queue's key if its create revision is rev (by name
+// when rev is 0), with a context that is not the cancelled one (writeCtx):
+// a key left behind would block the queue for as long as the session
+// lives. It sends the Delete again after an error that passes (retryable),
+// which is safe however many land, while the session lasts. Once the
+// session has ended the key goes with the lease, and remove returns nil.
+func (q *queue) remove(ctx context.Context, rev int64) error {
+	cctx, cancel := q.writeCtx(ctx)
+	defer cancel()
+	var cmps []clientv3.Cmp
+	if rev != 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
+	}
+	backoff := minBackoff
+	for {
+		_, err := q.s.cli.Txn(cctx).If(cmps...).Then(clientv3.OpDelete(q.key)).Commit()
+		if err == nil || q.s.Err() != nil {
+			return nil
+		}
+		if !q.retryable(cctx, err) || !pause(cctx, &backoff) {
+			if q.s.Err() != nil {
+				return nil
+			}
+			return errorf("remove %s after failed lock: %w", q.key, err)
+		}
+	}
+}

@@ -1,0 +1,252 @@
+package etcdlock
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// MaxNameLen is the longest lock name accepted. A name appears several times
+// in one request; this keeps requests far below etcd's default 1.5 MiB limit.
+const MaxNameLen = 32 << 10
+
+// A queue is the mechanism every primitive shares: a key per session under
+// name/, placed in line by its create revision; a grant rule per key mode
+// that says, given the keys ahead, which of them keep a key out (its
+// blockers); a waiter that watches exactly its blockers and its own key;
+// and the hold that follows, with its loss watch. Mutex, RWMutex and
+// Semaphore embed a queue and only state their rule.
+//
+// Its parts, in the order a Lock meets them: this file takes a hold
+// (lock, take); place.go puts the key in line; queueread.go reads the
+// queue ahead of it (pages: page.go) and applies the rule; wait.go waits
+// for the turn; try.go is the Try forms; hold.go is the hold and its
+// loss, holdstate.go its states, release.go its release; retry.go says
+// which errors pass and how long to pause.
+//
+// Invariant K: no code changes the mode (the value) of an existing key.
+// Everything that Puts an existing key keeps its value; a key of this
+// session left in another mode is deleted and created again. The one
+// exception, Election.Proclaim, changes a value but never a mode: every
+// election value reads as exclusive (checkValue). Every rule's
+// blockers are a witness only while the keys ahead keep their modes: a
+// waiter is not woken when a key it does not watch changes.
+type queue struct {
+	s    *Session
+	name string
+	pfx  string // name + "/"
+	key  string // pfx + lease ID in hex
+
+	opts *mutexOptions // read-only: may be shared (newMutexOptions)
+
+	mu   sync.Mutex // guards h, last, and the fields of holds marked so
+	h    *hold      // the current hold; nil when not held
+	last *hold      // the hold that ended last, for Done and Err
+
+	// testHookWait, when set, is called each time a waiter has set up its
+	// watches and blocks for an event, with the keys it watches: its
+	// blockers, or the prefix when it watches the whole lock. Tests use it
+	// to know waiters are idle.
+	testHookWait func(keys []string)
+}
+
+// init sets q up for the lock name of kind taken through s. (Not a
+// constructor returning a queue: a queue holds a sync.Mutex and must not
+// be copied.)
+func (q *queue) init(s *Session, name string, kind Kind, opts []MutexOption) {
+	q.s, q.name, q.pfx, q.opts = s, name, name+"/", newMutexOptions(kind, opts)
+	if s != nil {
+		q.key = fmt.Sprintf("%s%x", q.pfx, int64(s.Lease()))
+		q.pfx = q.key[:len(q.pfx)] // one string for both
+	}
+}
+
+// self returns q; through promotion, any primitive has it (export_test.go).
+func (q *queue) self() *queue { return q }
+
+// lock is Lock, RLock and Acquire (wait) and their Try forms: it takes a
+// hold in mode.
+func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
+	return q.lockValue(ctx, mode, q.value(mode), wait)
+}
+
+// lockValue is lock with the key's value given: q.value(mode), or an
+// election's proposal (whose mode, read back, is exclusive). With the
+// session's events, it reports the acquisition (Hooks.AcquireStart and
+// AcquireDone) around take; without, it reads no clock.
+func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bool) error {
+	if err := q.validate(); err != nil {
+		return err
+	}
+	// A writer cannot be admitted while this value holds a read: it would
+	// wait for itself (sync.RWMutex deadlocks here), and turning the read
+	// key exclusive in place would let it in among the readers behind it.
+	if mode.Exclusive() && q.holding(func(m KeyMode) bool { return m.Shared }) {
+		return ErrUpgrade
+	}
+	ev := q.s.ev
+	if ev == nil {
+		h, err := q.take(ctx, mode, val, wait)
+		if err == nil {
+			q.mu.Lock()
+			q.h = h
+			q.mu.Unlock()
+		}
+		return err
+	}
+	li := LockInfo{Kind: q.opts.kind, Name: q.name, Mode: mode}
+	if mode.Shared {
+		li.Kind = KindRWMutexRead
+	}
+	ev.acquireStart(AcquireStartInfo{LockInfo: li, Wait: wait})
+	start := monotime()
+	h, err := q.take(ctx, mode, val, wait)
+	done := AcquireDoneInfo{LockInfo: li, Wait: wait, Outcome: outcome(ctx, err), Err: err}
+	now := monotime()
+	done.Waited = now - start
+	if h != nil {
+		h.kind, h.since, done.Token = li.Kind, now, h.rev
+	}
+	// Called before the hold is q's: its HoldDone cannot come first.
+	ev.acquireDone(done)
+	if h != nil {
+		q.mu.Lock()
+		q.h = h
+		q.mu.Unlock()
+	}
+	return err
+}
+
+// take is lockValue's acquisition, once the call is found valid: it
+// returns the hold, which lockValue makes q's.
+func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (*hold, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := q.s.Err(); err != nil {
+		return nil, err
+	}
+	// Stop waiting, and stop any RPC, as soon as the session ends.
+	bctx, cancel := q.s.bound(ctx)
+	defer cancel()
+	// The right is per session and name, across primitives: they all share
+	// the key name/<lease>, so one hold per session and name holds for
+	// every mix of them.
+	if err := q.s.acquireName(bctx, q.name, wait); err != nil {
+		return nil, q.cause(ctx, err)
+	}
+	var rev int64
+	var hdr *pb.ResponseHeader
+	var err error
+	if wait {
+		rev, hdr, err = q.acquire(bctx, mode, val)
+	} else {
+		rev, hdr, err = q.tryAcquire(bctx, mode, val)
+	}
+	if err != nil {
+		q.s.releaseName(q.name)
+		return nil, q.cause(ctx, err)
+	}
+	h := &hold{rev: rev, mode: mode, hdr: hdr}
+	if q.opts.maxHold > 0 {
+		if err := q.limitHold(bctx, h); err != nil {
+			q.s.releaseName(q.name)
+			return nil, q.cause(ctx, err)
+		}
+	}
+	return h, nil
+}
+
+// holding reports whether q holds, in a mode match accepts.
+func (q *queue) holding(match func(KeyMode) bool) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.h != nil && match(q.h.mode)
+}
+
+func (q *queue) validate() error {
+	if q.s == nil {
+		return errorf("%w: no Session", ErrSessionExpired)
+	}
+	if q.opts.err != nil {
+		return q.opts.err
+	}
+	return checkLockName(q.name)
+}
+
+// checkName returns ErrInvalidName for a name no queue can have: empty,
+// or longer than MaxNameLen. Calls that only read a queue take any other
+// name, so that tools can see a lock that etcd's Mutex made under a
+// prefix ending in "/".
+func checkName(name string) error {
+	switch {
+	case name == "":
+		return errorf("%w: empty name", ErrInvalidName)
+	case len(name) > MaxNameLen:
+		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(name), MaxNameLen)
+	}
+	return nil
+}
+
+// checkLockName is checkName for the calls that join a queue, which also
+// refuse a name that ends in "/" or contains "//". The keys of a lock are
+// NAME/<lease hex>, so "tr/" would queue under "tr//" and "foo//bar"
+// beside "foo/bar": names that read as the same lock would be different
+// locks, each granted while the other is held. A leading "/" is a common
+// convention and stays valid.
+func checkLockName(name string) error {
+	switch {
+	case strings.HasSuffix(name, "/"):
+		return errorf("%w: name %q ends in \"/\": it would not be the lock %q", ErrInvalidName, name, strings.TrimRight(name, "/"))
+	case strings.Contains(name, "//"):
+		return errorf("%w: name %q contains \"//\"", ErrInvalidName, name)
+	}
+	return checkName(name)
+}
+
+// IsOwner returns a comparison that holds only while the current hold is
+// current: use it in Txn().If to make a write conditional on the lock.
+// When nothing is held the comparison never holds. Under an RWMutex's read
+// lock it guards reads; guard writes only under a write lock.
+func (q *queue) IsOwner() clientv3.Cmp {
+	rev := int64(-1) // no key has create revision -1; 0 would match a missing key
+	q.mu.Lock()
+	if q.h != nil {
+		rev = q.h.rev
+	}
+	q.mu.Unlock()
+	return clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)
+}
+
+// Key returns the key used in etcd: name/<lease ID in hex>.
+func (q *queue) Key() string { return q.key }
+
+// Header returns the header of the etcd response that showed the current
+// hold was admitted, or nil when nothing is held.
+func (q *queue) Header() *pb.ResponseHeader {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.h == nil {
+		return nil
+	}
+	return q.h.hdr
+}
+
+// Token returns the fencing token of the current hold: the create revision
+// of the holder's key. A hold admitted after a hold that excludes it has a
+// larger token (successive Mutex holders' tokens strictly increase), so a
+// resource that remembers the highest token it has seen can reject a
+// stale holder. Token returns 0 when nothing is held; after a loss it
+// returns the lost hold's token until it is released.
+func (q *queue) Token() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.h == nil {
+		return 0
+	}
+	return q.h.rev
+}

@@ -1,0 +1,122 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Errors that pass, and what the library does about them: a write that
+// joins or leaves the queue is sent again, a waiter reads the queue again,
+// a release is sent again, after a pause that grows from minBackoff to
+// maxBackoff, while the caller's ctx and the session last.
+
+// cleanupTimeout bounds a best-effort RPC whose failure leaves nothing
+// behind that the session's lease does not remove: release.go's unlock
+// attempts, its check read and the revoke of a max hold lease. The writes
+// that join the queue, and the removal of a key after a failed Lock, have
+// no such bound (writeCtx): a deadline there would leave a key behind.
+const cleanupTimeout = 5 * time.Second
+
+// minBackoff and maxBackoff bound the pause before a waiter reads the
+// queue again, or a write that joins or leaves it is sent again, after an
+// error that passes (retryable).
+const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
+
+// retryable reports whether a waiter may try again after err: a broken
+// watch, or an etcd error that passes (no leader, leader changed, a
+// timeout inside etcd, a member out of reach), while ctx and the session
+// last.
+func (q *queue) retryable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || q.s.Err() != nil {
+		return false
+	}
+	return transient(err)
+}
+
+// transient reports whether err passes: a broken watch, or an etcd error
+// that a later attempt may not meet.
+func transient(err error) bool {
+	if errors.Is(err, errWatchBroken) || errors.Is(err, errPageCompacted) {
+		return true
+	}
+	// "Not capable": a member that has just started and does not yet know
+	// the cluster's version.
+	if errors.Is(err, rpctypes.ErrNotCapable) {
+		return true
+	}
+	// A proposal the leader dropped (it was handing its leadership over)
+	// was never applied. etcd sends raft's error with code Unknown.
+	if rpctypes.ErrorDesc(err) == errProposalDropped {
+		return true
+	}
+	// etcd's transient errors (no leader, leader changed, its own request
+	// timeouts, too many requests) carry these codes; judging by the code
+	// rather than a list keeps errors of newer etcd releases covered.
+	code := status.Code(err)
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		code = ee.Code()
+	}
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// errProposalDropped is raft's ErrProposalDropped as etcd sends it.
+const errProposalDropped = "raft proposal dropped"
+
+// rpcErr maps etcd's "lease not found" to ErrSessionExpired.
+func (q *queue) rpcErr(err error) error {
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		q.s.lost()
+		return errorf("%w: %w", ErrSessionExpired, err)
+	}
+	return err
+}
+
+// cause returns err, or the session's end when that is what stopped a call
+// made with ctx bound to the session.
+func (q *queue) cause(ctx context.Context, err error) error {
+	if serr := q.s.Err(); serr != nil && ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
+		return serr
+	}
+	return err
+}
+
+// pause waits *backoff, then doubles it up to maxBackoff. It returns false,
+// at once, if ctx ends first.
+func pause(ctx context.Context, backoff *time.Duration) bool {
+	return pauseUpTo(ctx, backoff, maxBackoff)
+}
+
+// pauseUpTo is pause with the limit of the backoff given.
+func pauseUpTo(ctx context.Context, backoff *time.Duration, limit time.Duration) bool {
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	*backoff = min(2**backoff, limit)
+	return true
+}
+
+// pauseOr is pause that also ends, early, when stop is closed.
+func pauseOr(ctx context.Context, backoff *time.Duration, stop <-chan struct{}) {
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-stop:
+	case <-t.C:
+	}
+	*backoff = min(2**backoff, maxBackoff)
+}

@@ -1,0 +1,115 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// tryAcquire takes a hold in mode only if it is admitted at once, and
+// writes nothing otherwise. It is admitted if its rule admits it behind
+// every key of the queue (a rule that admits me behind everyone admits me
+// at my place), or, for this session's own leftover key in the same mode,
+// at that key's place.
+func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64, *pb.ResponseHeader, error) {
+	// A read-only Txn answers "held" without a Raft write or a new
+	// revision. etcd sends any Txn with a Put through Raft even when its
+	// compare fails, so only an all-read request is served as a read.
+	first := []clientv3.Op{q.opQueue(mode, 0), clientv3.OpGet(q.key)}
+	resp, err := q.s.cli.Txn(ctx).Then(first...).Commit()
+	if err != nil {
+		return 0, nil, q.rpcErr(err)
+	}
+	for range 5 {
+		me, read, err := q.tryRead(ctx, mode, val, resp)
+		if errors.Is(err, errPageCompacted) {
+			// Read the queue anew.
+			if resp, err = q.s.cli.Txn(ctx).Then(first...).Commit(); err != nil {
+				return 0, nil, q.rpcErr(err)
+			}
+			continue
+		}
+		if err != nil {
+			return 0, nil, err
+		}
+		if len(read.blockers) > 0 {
+			return 0, nil, ErrLocked
+		}
+		if read.own != nil && me.rev == 0 {
+			// Our leftover in another mode would be admitted behind
+			// everyone: remove it and place a new key (Invariant K: it is
+			// never Put in another mode).
+			if err := q.remove(ctx, read.own.CreateRevision); err != nil {
+				return 0, nil, err
+			}
+			if resp, err = q.s.cli.Txn(ctx).Then(first...).Commit(); err != nil {
+				return 0, nil, q.rpcErr(err)
+			}
+			continue
+		}
+		tresp, err := q.tryPut(ctx, val, read, first)
+		if err != nil {
+			return 0, nil, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
+		}
+		if tresp.Succeeded {
+			rev := tresp.Header.Revision
+			if read.own != nil {
+				rev = read.own.CreateRevision
+			}
+			if err := ctx.Err(); err != nil {
+				return 0, nil, q.fail(ctx, rev, err)
+			}
+			return rev, tresp.Header, nil
+		}
+		resp = tresp
+	}
+	// Keys kept changing under the prefix (nested locks' traffic): rather
+	// than spin, report the lock as busy.
+	return 0, nil, ErrLocked
+}
+
+// tryRead judges a Try from resp, the answer to its read-only Txn (the
+// queue's first page, then this session's own key). me is the Try's
+// entry: at its own key's place when that key is in mode (val), else
+// behind everyone (rev 0).
+func (q *queue) tryRead(ctx context.Context, mode KeyMode, val string, resp *clientv3.TxnResponse) (me entry, _ queueRead, _ error) {
+	var own *mvccpb.KeyValue
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		own = kvs[0]
+	}
+	me = entry{key: q.key, mode: mode}
+	if own != nil && string(own.Value) == val {
+		// This session's own key in this mode, left by a cleanup that
+		// could not reach etcd: judge it at its place.
+		me.rev = own.CreateRevision
+	}
+	read, err := q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
+	read.own = own
+	return me, read, err
+}
+
+// tryPut puts the key of a Try that read admits, guarded so that it takes
+// the hold only as read; if the guard fails, the Txn reads first again.
+func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []clientv3.Op) (*clientv3.TxnResponse, error) {
+	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
+	// Admitted at the read's revision: every page was read at it (see
+	// pager). Take it only if nothing under the prefix changed since:
+	// a waiter that queued in between must keep its turn.
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(q.pfx), "<", read.rev+1).WithPrefix()}
+	if read.own != nil {
+		// At its place: keys ahead only leave, and fewer keys ahead
+		// never turn admitted into blocked. Bind the key to the
+		// session's lease again (it may be bound to a WithMaxHold
+		// lease); a Put keeps its create revision.
+		cmps = []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(q.key), "=", read.own.CreateRevision),
+			clientv3.Compare(clientv3.Value(q.key), "=", val),
+		}
+	}
+	wctx, cancel := q.writeCtx(ctx)
+	defer cancel()
+	return q.s.cli.Txn(wctx).If(cmps...).Then(put).Else(first...).Commit()
+}
