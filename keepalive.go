@@ -54,9 +54,8 @@ type keeper struct {
 
 	mu      sync.Mutex  // guards the fields below, and every renewal's sent and abandoned
 	queue   []*renewal  // asked for, not yet sent
-	st      *openStream // the open stream on which sent was sent, or nil
-	sent    keptStream  // what was sent on st and not answered
-	check   *time.Timer // looks whether st is stuck (checkStuck)
+	sent    keptStream  // what was sent on the open stream and not answered
+	check   *time.Timer // looks whether the open stream is stuck (checkStuck)
 	checkAt time.Time   // when check fires; zero when it is stopped
 }
 
@@ -223,9 +222,9 @@ func (k *keeper) open(ctx context.Context) (bidi[*pb.LeaseKeepAliveRequest, *pb.
 	return k.lease.LeaseKeepAlive(clientv3.WithRequireLeader(ctx), grpc.WaitForReady(true))
 }
 
-// next returns the next renewal to send on st, with k.mu held
-// (streamUser).
-func (k *keeper) next(st *openStream) (*pb.LeaseKeepAliveRequest, bool) {
+// next returns the next renewal to send on the open stream, with k.mu
+// held (streamUser).
+func (k *keeper) next() (*pb.LeaseKeepAliveRequest, bool) {
 	var r *renewal
 	for r == nil && len(k.queue) > 0 {
 		r = k.queue[0]
@@ -238,7 +237,6 @@ func (k *keeper) next(st *openStream) (*pb.LeaseKeepAliveRequest, bool) {
 	if r == nil {
 		return nil, false
 	}
-	k.st = st
 	// Taken before the request goes out: etcd receives it, and extends
 	// the lease from then, no earlier than this.
 	r.sent = time.Now()
@@ -261,7 +259,7 @@ func (k *keeper) idle() bool { return false }
 // receive hands etcd's answer to the oldest request for its lease that is
 // still unanswered on the stream, since etcd answers a stream's requests
 // in order (streamUser).
-func (k *keeper) receive(_ *openStream, resp *pb.LeaseKeepAliveResponse) bool {
+func (k *keeper) receive(resp *pb.LeaseKeepAliveResponse) bool {
 	k.mu.Lock()
 	r := k.sent.answer(resp)
 	if len(k.sent.pending) == 0 && !k.checkAt.IsZero() {
@@ -301,14 +299,13 @@ func (ks *keptStream) answer(resp *pb.LeaseKeepAliveResponse) *renewal {
 
 // ended fails the renewals sent on the stream that ended and not answered:
 // they prove nothing (streamUser).
-func (k *keeper) ended(*openStream) {
+func (k *keeper) ended() {
 	k.mu.Lock()
 	var failed []*renewal
 	for _, q := range k.sent.pending {
 		failed = append(failed, q...)
 	}
 	clear(k.sent.pending)
-	k.st = nil
 	k.check.Stop()
 	k.checkAt = time.Time{}
 	k.mu.Unlock()
@@ -326,13 +323,10 @@ func (k *keeper) checkStuck() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.checkAt = time.Time{}
-	if k.st == nil {
-		return
-	}
 	stuck, next := k.sent.stuck(time.Now())
 	switch {
 	case stuck:
-		k.r.giveUp(k.st)
+		k.r.giveUp()
 	case !next.IsZero():
 		k.checkAt = next
 		k.check.Reset(time.Until(next))

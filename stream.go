@@ -73,15 +73,16 @@ type bidi[Req, Resp any] interface {
 type streamUser[Req, Resp any] interface {
 	// open opens a stream, which ends with ctx.
 	open(ctx context.Context) (bidi[Req, Resp], error)
-	// next returns, with mu held, the next request to send on st, if any.
-	next(st *openStream) (Req, bool)
-	// receive handles an answer that came on st. It reports false if st
-	// must be given up.
-	receive(st *openStream, resp Resp) bool
-	// ended is called once st has ended and its sender and receiver have
-	// returned: what was sent on it and not answered is the user's to
-	// fail or send again.
-	ended(st *openStream)
+	// next returns, with mu held, the next request to send on the open
+	// stream, if any.
+	next() (Req, bool)
+	// receive handles an answer that came on the open stream. It reports
+	// false if the stream must be given up.
+	receive(resp Resp) bool
+	// ended is called once the open stream has ended and its sender and
+	// receiver have returned: what was sent on it and not answered is the
+	// user's to fail or send again.
+	ended()
 	// waiting reports, with mu held, whether there are requests to send.
 	waiting() bool
 	// idle reports, with mu held, whether there is nothing to carry: a
@@ -117,9 +118,8 @@ type streamRunner[Req, Resp any] struct {
 
 // An openStream is one stream of a runner.
 type openStream struct {
-	cancel   context.CancelFunc
-	sending  bool // its sender may send; guarded by the runner's mu
-	answered bool // an answer came on it; written by its receiver
+	cancel  context.CancelFunc
+	sending bool // its sender may send; guarded by the runner's mu
 }
 
 func newStreamRunner[Req, Resp any](ctx context.Context, mu *sync.Mutex, user streamUser[Req, Resp]) *streamRunner[Req, Resp] {
@@ -161,11 +161,14 @@ func (r *streamRunner[Req, Resp]) stop() {
 	}
 }
 
-// giveUp gives up st, with mu held: its user has judged it stuck. It
-// ends as if it had broken, and the next one opens after the backoff.
-func (r *streamRunner[Req, Resp]) giveUp(st *openStream) {
-	st.sending = false
-	st.cancel()
+// giveUp gives up the open stream, if any, with mu held: its user has
+// judged it stuck. It ends as if it had broken, and the next one opens
+// after the backoff.
+func (r *streamRunner[Req, Resp]) giveUp() {
+	if r.cur != nil {
+		r.cur.sending = false
+		r.cur.cancel()
+	}
 }
 
 // run opens a stream when there is a request to send, serves it until it
@@ -232,8 +235,8 @@ func (r *streamRunner[Req, Resp]) serve() (answered bool) {
 		if err != nil {
 			break
 		}
-		st.answered = true
-		if !r.user.receive(st, resp) {
+		answered = true
+		if !r.user.receive(resp) {
 			break
 		}
 	}
@@ -243,8 +246,8 @@ func (r *streamRunner[Req, Resp]) serve() (answered bool) {
 	r.mu.Unlock()
 	cancel()
 	<-sendDone
-	r.user.ended(st)
-	return st.answered
+	r.user.ended()
+	return answered
 }
 
 // send sends the requests next gives it on st, in order, until ctx ends, a
@@ -257,7 +260,7 @@ func (r *streamRunner[Req, Resp]) send(ctx context.Context, st *openStream, s bi
 				r.mu.Unlock()
 				return
 			}
-			req, ok := r.user.next(st)
+			req, ok := r.user.next()
 			r.mu.Unlock()
 			if !ok {
 				break

@@ -100,7 +100,7 @@ func (ws *watchStream) idle() bool { return ws.watching == 0 }
 // ended makes the watches of the stream that ended again on the next one,
 // from the same revision; a blocker's waiter is told instead, since events
 // may have been missed: it reads the queue again (streamUser).
-func (ws *watchStream) ended(*openStream) {
+func (ws *watchStream) ended() {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	for _, kw := range ws.creating {
@@ -126,7 +126,7 @@ func (ws *watchStream) ended(*openStream) {
 // receive handles one response of the open stream. It reports false when
 // the stream must be given up: an answer to a create request not sent
 // (streamUser).
-func (ws *watchStream) receive(_ *openStream, resp *pb.WatchResponse) bool {
+func (ws *watchStream) receive(resp *pb.WatchResponse) bool {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	if resp.Created {
@@ -192,7 +192,7 @@ func (ws *watchStream) receive(_ *openStream, resp *pb.WatchResponse) bool {
 
 // next returns the next request to send, with ws.mu held: a cancel first,
 // then a create (streamUser).
-func (ws *watchStream) next(*openStream) (*pb.WatchRequest, bool) {
+func (ws *watchStream) next() (*pb.WatchRequest, bool) {
 	if len(ws.cancels) > 0 {
 		id := ws.cancels[0]
 		ws.cancels = ws.cancels[1:]
