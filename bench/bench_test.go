@@ -162,6 +162,12 @@ func benchScale(b *testing.B, name string) {
 	if !*scale {
 		b.Skip("scale benchmarks run with -scale")
 	}
+	benchOneMember(b, name)
+}
+
+// benchOneMember runs the scenario called name on one member, for each
+// implementation it runs for.
+func benchOneMember(b *testing.B, name string) {
 	sc, ok := bench.Lookup(name)
 	if !ok {
 		b.Fatalf("no scenario %q", name)
@@ -283,14 +289,7 @@ func BenchmarkWaiters(b *testing.B) {
 			if testing.Short() {
 				b.Skip("slow: skipped under -short")
 			}
-			sc, ok := bench.Lookup(name)
-			if !ok {
-				b.Fatalf("no scenario %q", name)
-			}
-			e := env(b, 1)
-			for _, impl := range bench.Impls {
-				b.Run("impl="+impl.Name, func(b *testing.B) { runScenario(b, e, sc, impl) })
-			}
+			benchOneMember(b, name)
 		})
 	}
 }
