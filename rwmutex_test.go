@@ -416,7 +416,16 @@ func TestRWMutexContention(t *testing.T) {
 
 func testRWContention(t *testing.T, c *etcdtest.Cluster, readers, writers, rounds int) {
 	name := lockName(t)
-	var rInside, wInside, maxReaders atomic.Int64
+	// The bound on the first round's meeting: a failure if reached, never
+	// a pass.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	var rInside, wInside, maxReaders, entered atomic.Int64
+	// That readers share is made certain, not left to scheduling: in the
+	// first round every reader waits inside until all readers are in, and
+	// writers start only then. With no write key queued between them, all
+	// read keys are at the head together.
+	allIn := make(chan struct{})
 	var wg sync.WaitGroup
 	errs := make(chan error, readers+writers)
 	for i := range readers + writers {
@@ -426,10 +435,22 @@ func testRWContention(t *testing.T, c *etcdtest.Cluster, readers, writers, round
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range rounds {
+			fail := func(err error) {
+				errs <- err
+				cancel()
+			}
+			if !reader {
+				select {
+				case <-allIn:
+				case <-ctx.Done():
+					fail(fmt.Errorf("the readers never all held together: %w", ctx.Err()))
+					return
+				}
+			}
+			for round := range rounds {
 				var err error
 				if reader {
-					err = m.RDo(t.Context(), func(context.Context) error {
+					err = m.RDo(ctx, func(ctx context.Context) error {
 						n := rInside.Add(1)
 						defer rInside.Add(-1)
 						if wInside.Load() != 0 {
@@ -441,11 +462,21 @@ func testRWContention(t *testing.T, c *etcdtest.Cluster, readers, writers, round
 								break
 							}
 						}
+						if round == 0 {
+							if entered.Add(1) == int64(readers) {
+								close(allIn)
+							}
+							select {
+							case <-allIn:
+							case <-ctx.Done():
+								return fmt.Errorf("waiting inside for the other readers: %w", ctx.Err())
+							}
+						}
 						time.Sleep(2 * time.Millisecond)
 						return nil
 					})
 				} else {
-					err = m.Do(t.Context(), func(context.Context) error {
+					err = m.Do(ctx, func(context.Context) error {
 						if n := wInside.Add(1); n != 1 || rInside.Load() != 0 {
 							return fmt.Errorf("a writer is inside with others")
 						}
@@ -455,7 +486,7 @@ func testRWContention(t *testing.T, c *etcdtest.Cluster, readers, writers, round
 					})
 				}
 				if err != nil {
-					errs <- err
+					fail(err)
 					return
 				}
 			}
@@ -466,7 +497,7 @@ func testRWContention(t *testing.T, c *etcdtest.Cluster, readers, writers, round
 	for err := range errs {
 		t.Error(err)
 	}
-	require.Greater(t, maxReaders.Load(), int64(1), "readers overlapped")
+	require.Equal(t, int64(readers), maxReaders.Load(), "all readers held at once")
 }
 
 func TestRWMutexThreeMembers(t *testing.T) {

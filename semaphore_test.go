@@ -419,7 +419,7 @@ func TestSemaphoreWideWindow(t *testing.T) {
 
 // TestSemaphoreContention: contenders each on their own client and session
 // (spread over the members) take permits in turns; the permits held never
-// exceed the capacity, and more than one contender is inside at times.
+// exceed the capacity, and contenders whose permits fit hold together.
 func TestSemaphoreContention(t *testing.T) {
 	testSemContention(t, cluster, 8, 10, 3)
 }
@@ -433,36 +433,72 @@ func TestSemaphoreThreeMembers(t *testing.T) {
 	t.Run("FIFO", func(t *testing.T) { testSemFIFO(t, c, 100) })
 }
 
+// testSemContention runs contenders taking 1 and 2 permits in turn; the
+// capacity must be 3, so that the first two (1 + 2) fit together.
 func testSemContention(t *testing.T, c *etcdtest.Cluster, contenders, rounds int, capacity int64) {
+	require.Equal(t, int64(3), capacity, "the first two contenders fill the capacity")
 	name := lockName(t)
-	var inside, maxInside atomic.Int64
+	// The bound on the first round's meeting: a failure if reached, never
+	// a pass.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	var inside, holders, maxHolders, entered atomic.Int64
+	// That contenders share is made certain, not left to scheduling: in
+	// the first round contenders 0 and 1 (1 and 2 permits) wait inside
+	// until both are in, and the others start only then.
+	bothIn := make(chan struct{})
 	var wg sync.WaitGroup
 	errs := make(chan error, contenders)
 	for i := range contenders {
 		cli := c.Client(t, clientv3.Config{Endpoints: []string{c.Endpoint(i % c.Size())}})
 		sem := etcdlock.NewSemaphore(newSession(t, cli), name, capacity)
 		n := int64(1 + i%2)
+		meets := i < 2
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range rounds {
-				err := sem.Do(t.Context(), n, func(context.Context) error {
+			fail := func(err error) {
+				errs <- err
+				cancel()
+			}
+			if !meets {
+				select {
+				case <-bothIn:
+				case <-ctx.Done():
+					fail(fmt.Errorf("the first two never held together: %w", ctx.Err()))
+					return
+				}
+			}
+			for round := range rounds {
+				err := sem.Do(ctx, n, func(ctx context.Context) error {
 					now := inside.Add(n)
 					defer inside.Add(-n)
+					h := holders.Add(1)
+					defer holders.Add(-1)
 					if now > capacity {
 						return fmt.Errorf("%d permits held, capacity %d", now, capacity)
 					}
 					for {
-						m := maxInside.Load()
-						if now <= m || maxInside.CompareAndSwap(m, now) {
+						m := maxHolders.Load()
+						if h <= m || maxHolders.CompareAndSwap(m, h) {
 							break
+						}
+					}
+					if meets && round == 0 {
+						if entered.Add(1) == 2 {
+							close(bothIn)
+						}
+						select {
+						case <-bothIn:
+						case <-ctx.Done():
+							return fmt.Errorf("waiting inside for the other: %w", ctx.Err())
 						}
 					}
 					time.Sleep(time.Millisecond)
 					return nil
 				})
 				if err != nil {
-					errs <- err
+					fail(err)
 					return
 				}
 			}
@@ -473,7 +509,7 @@ func testSemContention(t *testing.T, c *etcdtest.Cluster, contenders, rounds int
 	for err := range errs {
 		t.Error(err)
 	}
-	require.Greater(t, maxInside.Load(), int64(1), "contenders shared the semaphore")
+	require.GreaterOrEqual(t, maxHolders.Load(), int64(2), "contenders held together")
 }
 
 // TestSemaphoreLeases: a waiting permit whose lease is revoked returns
