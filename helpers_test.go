@@ -116,6 +116,36 @@ func keys(t *testing.T, cli *clientv3.Client, name string) []string {
 	return ks
 }
 
+// watchDeletion watches key, as it is now, for its deletion. The returned
+// wait blocks until etcd deletes it and returns when it saw that; it fails
+// the test if etcd has not within d. Tests of what follows a holder's
+// death bound the library's part from that moment: when etcd deletes an
+// expired lease's keys is etcd's affair (its lessor looks for expired
+// leases twice a second, then revokes them through raft).
+func watchDeletion(t *testing.T, cli *clientv3.Client, key string) (wait func(d time.Duration) time.Time) {
+	t.Helper()
+	resp, err := cli.Get(t.Context(), key)
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "%s is not in etcd", key)
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	deletions := cli.Watch(ctx, key, clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut())
+	return func(d time.Duration) time.Time {
+		t.Helper()
+		defer cancel()
+		select {
+		case wr, ok := <-deletions:
+			require.True(t, ok, "the watch of %s ended", key)
+			require.NoError(t, wr.Err())
+			require.NotEmpty(t, wr.Events)
+			return time.Now()
+		case <-time.After(d):
+			t.Fatalf("etcd did not delete %s within %v", key, d)
+			return time.Time{}
+		}
+	}
+}
+
 // startCompactor compacts etcd at its current revision every few
 // milliseconds until the returned stop is called; stop returns how many
 // compactions succeeded.

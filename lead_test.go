@@ -19,9 +19,10 @@ import (
 
 // TestLeadFailover runs three instances of a primary/standby service with
 // Lead. The leader is cut off from etcd (a partition): its fn's ctx ends
-// before a standby's fn starts, and a standby takes over within TTL + 1s.
-// The new leader's process dies (its client closes: no renewal, no
-// revoke): the last standby takes over within TTL + 1s, and the dead one,
+// before a standby's fn starts, and a standby takes over once etcd has
+// deleted the leader's key (its lease expired). The new leader's process
+// dies (its client closes: no renewal, no revoke): the last standby takes
+// over once etcd has deleted that key, and the dead one,
 // restarted, rejoins as a standby. The leader's ctx ends: it resigns, and
 // the standby takes over at once. fn never runs twice at once.
 func TestLeadFailover(t *testing.T) {
@@ -105,11 +106,15 @@ func TestLeadFailover(t *testing.T) {
 	first := waitStart(10 * time.Second)
 	require.Eventually(t, func() bool { return len(keys(t, cli, name)) == 3 }, 10*time.Second, 10*time.Millisecond)
 
-	// A partition of the leader.
+	// A partition of the leader. When etcd deletes its key is etcd's
+	// affair; the standby's part is to lead once it is gone.
+	deletion := watchDeletion(t, cli, keys(t, cli, name)[0])
 	ins[first].px.Cut()
 	cut := time.Now()
-	second := waitStart(ttl + time.Second)
-	t.Logf("partition: instance %d took over %v after the cut of %d", second, time.Since(cut).Round(time.Millisecond), first)
+	deleted := deletion(ttl + 30*time.Second)
+	second := waitStart(10 * time.Second)
+	t.Logf("partition: instance %d took over %v after the cut of %d, %v after etcd deleted its key",
+		second, time.Since(cut).Round(time.Millisecond), first, time.Since(deleted).Round(time.Millisecond))
 	require.NotEqual(t, first, second)
 	mu.Lock()
 	require.Equal(t, []string{"start " + strconv.Itoa(first), "stop " + strconv.Itoa(first), "start " + strconv.Itoa(second)}, events)
@@ -117,10 +122,13 @@ func TestLeadFailover(t *testing.T) {
 
 	// The new leader's process dies.
 	third := 3 - first - second
+	deletion = watchDeletion(t, cli, keys(t, cli, name)[0])
 	require.NoError(t, ins[second].cli.Close())
 	killed := time.Now()
-	require.Equal(t, third, waitStart(ttl+time.Second))
-	t.Logf("kill: instance %d took over %v after %d died", third, time.Since(killed).Round(time.Millisecond), second)
+	deleted = deletion(ttl + 30*time.Second)
+	require.Equal(t, third, waitStart(10*time.Second))
+	t.Logf("kill: instance %d took over %v after %d died, %v after etcd deleted its key",
+		third, time.Since(killed).Round(time.Millisecond), second, time.Since(deleted).Round(time.Millisecond))
 	<-ins[second].done
 	require.Error(t, ins[second].err, "Lead on a closed client")
 	// It restarts, and waits as a standby.
