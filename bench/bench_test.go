@@ -129,6 +129,9 @@ func runScenario(b *testing.B, e *bench.Env, sc bench.Scenario, impl bench.Impl)
 	case "acquisition", "handoff":
 		b.ReportMetric(float64(r.Ops)/r.Elapsed.Seconds(), "acq/s")
 	}
+	if r.Release > 0 {
+		b.ReportMetric(r.ReleasePerOp(), "release-ns/op")
+	}
 	per := "waiter"
 	if sc.Unit == "held lock" {
 		per = "held"
@@ -266,10 +269,10 @@ func BenchmarkContention(b *testing.B) {
 	}
 }
 
-// BenchmarkFIFO measures the handoffs of a queue of 50 and of 1000 waiters
+// BenchmarkFIFO measures the handoffs of queues of 50, 300 and 1000 waiters
 // drained after the holder releases. It fails if the order is not FIFO.
 func BenchmarkFIFO(b *testing.B) {
-	for _, w := range []int{50, 1000} {
+	for _, w := range []int{50, 300, 1000} {
 		b.Run(fmt.Sprintf("waiters=%d", w), func(b *testing.B) {
 			benchScenario(b, fmt.Sprintf("fifo-%d", w))
 		})

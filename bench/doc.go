@@ -12,7 +12,7 @@
 //   - trylock-held: TryLock on a lock another session holds;
 //   - contend-4, contend-16: contenders, each with its own client and
 //     session, taking turns; the time is per acquisition;
-//   - fifo-50, fifo-1000: a queue of waiters, each with its own session
+//   - fifo-50, fifo-300, fifo-1000: a queue of waiters, each with its own session
 //     (sharing 8 or 16 clients), drained after the holder releases; the
 //     time is per handoff;
 //   - waiters-8-clients-1000, waiters-own-client-1000: fifo's queue of
@@ -74,8 +74,8 @@
 //
 //	go test -run '^$' -bench . -benchtime 3x -short ./bench/
 //
-// which runs every scenario but the slow ones (fifo-1000, sem-fifo-1000,
-// the waiters-… ones), on one member and on three. The benchmarks report
+// which runs every scenario but the slow ones (fifo-300, fifo-1000,
+// sem-fifo-1000, the waiters-… ones), on one member and on three. The benchmarks report
 // ns/op, B/op and allocs/op per operation (per handoff for the queues,
 // although b.N counts queues) and rpcs/op, keepalives/op, revs/op, acq/s,
 // B/waiter and goroutines/waiter; the waiters-… ones also heap-B/waiter,
@@ -99,6 +99,10 @@
 //   - for the queues, also the memory and goroutines per waiting Mutex:
 //     the growth of the process's heap (after a GC) and stacks while the
 //     queue forms;
+//   - for the queues whose waiters hold one at a time (fifo-…,
+//     waiters-…), the time the releasers spent in Unlock (release-ns/op):
+//     a handoff is the release, then the next waiter's admission, and the
+//     split tells which of the two a change made faster or slower;
 //   - the etcd members' watch streams, heap and goroutines are read from
 //     their /metrics (etcd_debugging_mvcc_watch_stream_total,
 //     go_memstats_heap_alloc_bytes, go_goroutines), medians of 3 readings

@@ -36,6 +36,11 @@ type Result struct {
 	// ClientCPU is the CPU time of this process (the clients), 0 where it
 	// cannot be read.
 	ClientCPU time.Duration
+	// Release is the time the releasers spent in Unlock within the window,
+	// for the FIFO scenarios whose waiters hold one at a time (0 for the
+	// others): a handoff is a release, then the admission of the next
+	// waiter, and Elapsed - Release is the admissions' time.
+	Release time.Duration
 
 	// Queue is set by the FIFO scenarios: the cost of the waiting Mutexes.
 	Queue *QueueCost
@@ -80,6 +85,7 @@ func (r Result) Add(o Result) Result {
 		AllocBytes: r.AllocBytes + o.AllocBytes,
 		ServerCPU:  r.ServerCPU + o.ServerCPU,
 		ClientCPU:  r.ClientCPU + o.ClientCPU,
+		Release:    r.Release + o.Release,
 		Queue:      r.Queue,
 		Server:     r.Server.add(o.Server),
 	}
@@ -131,6 +137,10 @@ func (r Result) BytesPerOp() float64 { return r.PerOp(float64(r.AllocBytes)) }
 func (r Result) ServerCPUPerOp() float64 { return r.PerOp(float64(r.ServerCPU)) }
 
 func (r Result) ClientCPUPerOp() float64 { return r.PerOp(float64(r.ClientCPU)) }
+
+// ReleasePerOp returns the time in Unlock per operation, in nanoseconds
+// (see Result.Release).
+func (r Result) ReleasePerOp() float64 { return r.PerOp(float64(r.Release)) }
 
 // ServerMicrosPerOp returns the members' CPU time per operation, in µs.
 func (r Result) ServerMicrosPerOp() float64 {

@@ -205,7 +205,9 @@ func drain(ctx context.Context, env *Env, impl Impl, timer Timer, spec queueSpec
 	} else {
 		q.setMeter(mt, w, int64(w), false)
 		if err = mt.start(ctx); err == nil {
+			started := time.Now()
 			err = release()
+			q.released(started)
 		}
 	}
 	if err != nil {
@@ -228,6 +230,9 @@ func drain(ctx context.Context, env *Env, impl Impl, timer Timer, spec queueSpec
 		return Result{}, err
 	}
 	res := mt.result()
+	if spec.capacity == 1 {
+		res.Release = time.Duration(q.release.Load())
+	}
 	// The last two parts, from the snapshot before them.
 	n, m := len(parts), len(mems)
 	res.Queue = queueCost(int64(parts[n-2]), int64(parts[n-1]), mems[m-3], mems[m-2], mems[m-1])
@@ -312,6 +317,10 @@ type queue struct {
 
 	wg     sync.WaitGroup
 	inside atomic.Int64 // waiters holding the lock right now
+	// release is the time, in ns, spent in the Unlocks inside the
+	// window (Result.Release): the holder's and those of every waiter
+	// but the last, which stops the meter before it releases.
+	release atomic.Int64
 
 	mu   sync.Mutex // guards mt, want, ops, stopped, order, err
 	mt   *meter     // stopped by the want-th waiter to get the lock
@@ -402,9 +411,18 @@ func (q *queue) waiter(ctx context.Context, m Mutex, key string) {
 		}
 	}
 	q.inside.Add(-1)
+	started := time.Now()
 	if err := m.Unlock(ctx); err != nil {
 		q.fail(fmt.Errorf("bench: waiter Unlock: %w", err))
 	}
+	if !last {
+		q.released(started)
+	}
+}
+
+// released adds the time since started to the time spent releasing.
+func (q *queue) released(started time.Time) {
+	q.release.Add(int64(time.Since(started)))
 }
 
 // fail records err and makes all waiters return.

@@ -97,6 +97,11 @@ var Scenarios = []Scenario{
 		Run:     fifo(50),
 	},
 	{
+		Name: "fifo-300", Unit: "handoff", Short: false, N: 1, ShortN: 1,
+		Targets: []Target{RatioAtMost(0.75), RPCsAtMost(2)},
+		Run:     fifo(300),
+	},
+	{
 		Name: "fifo-1000", Unit: "handoff", Short: false, N: 1, ShortN: 1,
 		Targets: []Target{RatioAtMost(0.8), RPCsAtMost(2), ConstantMemory(1.5)},
 		Run:     fifo(1000),

@@ -19,6 +19,7 @@ type Summary struct {
 	BytesPerOp             float64
 	ServerCPUPerOp         float64     // ns of the etcd members' CPU
 	ClientCPUPerOp         float64     // ns of the clients' CPU
+	ReleasePerOp           float64     // ns in Unlock (see Result.Release)
 	Queue                  *QueueCost  // medians; nil but for FIFO scenarios
 	Server                 *ServerCost // medians; nil but where measured
 }
@@ -42,6 +43,7 @@ func Summarize(rs []Result) Summary {
 		BytesPerOp:      med(Result.BytesPerOp),
 		ServerCPUPerOp:  med(Result.ServerCPUPerOp),
 		ClientCPUPerOp:  med(Result.ClientCPUPerOp),
+		ReleasePerOp:    med(Result.ReleasePerOp),
 	}
 	if len(rs) > 0 {
 		s.MinNsPerOp, s.MaxNsPerOp = math.Inf(1), math.Inf(-1)

@@ -12,7 +12,7 @@
 //	               in alternating order (default 5)
 //	-scenarios re  run only the scenarios whose name matches re
 //	-short         fewer operations per round, and none of the slow
-//	               scenarios (fifo-1000, sem-fifo-1000, waiters-…)
+//	               scenarios (fifo-300, fifo-1000, sem-fifo-1000, waiters-…)
 //
 // Progress goes to standard error, the tables to standard output. The
 // command exits 1 if a scenario fails (two holders at once, FIFO order
@@ -163,6 +163,7 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	summary := func(ref bench.Ref) bench.Summary { return bench.Summarize(res[ref.Scenario][ref.Impl]) }
 	var queues, servers []bench.Scenario
 	var versus []string // lines for the targets against another scenario
+	var splits []string // lines for the handoffs split into release and admission
 	for _, sc := range scenarios {
 		ref := sc.Theirs()
 		o, t := bench.Summarize(res[sc.Name][ours]), bench.Summarize(res[ref.Scenario][ref.Impl])
@@ -184,6 +185,11 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 			o.RevsPerOp, t.RevsPerOp, o.AllocsPerOp, t.AllocsPerOp,
 			duration(o.ServerCPUPerOp), duration(o.ClientCPUPerOp), duration(t.ServerCPUPerOp), duration(t.ClientCPUPerOp),
 			baseline, strings.Join(targets, " "), met)
+		if o.ReleasePerOp > 0 && t.ReleasePerOp > 0 {
+			splits = append(splits, fmt.Sprintf("%s: ours %s + %s, theirs %s + %s",
+				sc.Name, duration(o.ReleasePerOp), duration(o.NsPerOp-o.ReleasePerOp),
+				duration(t.ReleasePerOp), duration(t.NsPerOp-t.ReleasePerOp)))
+		}
 		if o.Queue != nil {
 			queues = append(queues, sc)
 		}
@@ -201,6 +207,9 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	tw.Flush()
 	if len(versus) > 0 {
 		fmt.Fprintf(w, "\n%s\n", strings.Join(versus, "\n"))
+	}
+	if len(splits) > 0 {
+		fmt.Fprintf(w, "\nper handoff, release + admission (medians): the releaser's Unlock, then the rest until the next waiter holds\n%s\n", strings.Join(splits, "\n"))
 	}
 	if len(queues) == 0 {
 		return
