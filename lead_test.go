@@ -301,7 +301,7 @@ func TestLeadCutOff(t *testing.T) {
 		if !lose {
 			return cli, grantc, startc, cancel, res
 		}
-		waitFor(t, stopped, ttl+time.Second, "loss of the leadership")
+		waitFor(t, stopped, ttl+10*time.Second, "loss of the leadership")
 		// The fresh session's Grant goes into the cut link.
 		waitFor(t, grantc, 10*time.Second, "Grant after the loss")
 		return cli, grantc, startc, cancel, res
@@ -327,8 +327,8 @@ func TestLeadCutOff(t *testing.T) {
 		select {
 		case err := <-done:
 			require.ErrorIs(t, err, context.Canceled)
-		case <-time.After(6 * time.Second):
-			t.Fatalf("Lead did not return within 6s of its ctx's end (TTL %v)", ttl)
+		case <-time.After(9 * time.Second):
+			t.Fatalf("Lead did not return within 9s of its ctx's end (TTL %v)", ttl)
 		}
 	})
 	t.Run("link back", func(t *testing.T) {

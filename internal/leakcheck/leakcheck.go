@@ -2,7 +2,11 @@
 // tests, for the TestMain of each package that starts embedded etcd.
 package leakcheck
 
-import "go.uber.org/goleak"
+import (
+	"time"
+
+	"go.uber.org/goleak"
+)
 
 // etcdHTTPLeftovers are goroutines of the embedded members' peer HTTP
 // connections, which net/http closes asynchronously after etcd stops.
@@ -14,9 +18,20 @@ var etcdHTTPLeftovers = []goleak.Option{
 	goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
 }
 
+// settle is how long Find gives goroutines to end. goleak's own retries
+// last under half a second, which a stall of a loaded machine can exceed
+// while a goroutine that is ending waits to run.
+const settle = 10 * time.Second
+
 // Find returns an error naming the goroutines still running other than the
-// caller's and those opts ignore, once they have had a moment to end
-// (goleak retries).
+// caller's and those opts ignore, once they have had time to end.
 func Find(opts ...goleak.Option) error {
-	return goleak.Find(append(opts, etcdHTTPLeftovers...)...)
+	opts = append(opts, etcdHTTPLeftovers...)
+	deadline := time.Now().Add(settle)
+	for {
+		err := goleak.Find(opts...)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+	}
 }
