@@ -2,6 +2,7 @@ package etcdlock
 
 import (
 	"context"
+	"slices"
 	"strings"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -79,6 +80,10 @@ func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb
 			if read.complete && len(read.blockers) <= maxWatched {
 				read.releasers = releasersOf(me, ahead, read.blockers)
 			}
+			// A waiter keeps its read while it waits, and the blockers
+			// are a part of ahead (a Mutex's, the key just ahead of up to
+			// a page): a copy keeps only them.
+			read.blockers = slices.Clone(read.blockers)
 			return read, nil
 		}
 		if read.complete {
