@@ -169,9 +169,15 @@ func TestHooksAcquireRelease(t *testing.T) {
 		require.ErrorIs(t, d.Err, etcdlock.ErrLocked)
 		require.Zero(t, d.Token)
 
-		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		// The Lock waits at least 200ms: it is waiting before the pause
+		// begins, and its ctx ends after it.
+		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		require.ErrorIs(t, m.Lock(wctx), context.DeadlineExceeded)
+		w := startWaiter(wctx, m)
+		w.waitIdle(t)
+		time.Sleep(200 * time.Millisecond)
+		cancel()
+		require.ErrorIs(t, w.result(t, 10*time.Second), context.Canceled)
 		d = rec.lastDone()
 		require.Equal(t, etcdlock.AcquireCanceled, d.Outcome)
 		require.True(t, d.Wait)

@@ -223,8 +223,8 @@ func TestNewSessionStart(t *testing.T) {
 		defer cli.Close()
 		for _, opts := range [][]etcdlock.SessionOption{nil, {etcdlock.WithLease(0x7eadbeef)}} {
 			const bound = time.Second
+			start := time.Now() // before the deadline is set: took >= bound
 			ctx, cancel := context.WithTimeout(t.Context(), bound)
-			start := time.Now()
 			s, err := etcdlock.NewSession(ctx, cli, opts...)
 			took := time.Since(start)
 			cancel()
