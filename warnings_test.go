@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,6 +33,11 @@ func TestNoWarningsThreeMembers(t *testing.T) {
 	cfg := clientv3.Config{Logger: zap.New(core)}
 	cli, wcli, ocli := c.Client(t, cfg), c.Client(t, cfg), c.Client(t, cfg)
 	ctx := t.Context()
+	// A loaded machine can make the members elect a leader again (their
+	// election timeout is short): etcd's client then logs the calls that
+	// failed with the leader's loss, which the library retries. Those are
+	// forgiven when the raft term moved.
+	term := raftTerm(t, c)
 	s, err := etcdlock.NewSession(ctx, cli)
 	require.NoError(t, err)
 	ws, err := etcdlock.NewSession(ctx, wcli)
@@ -156,10 +162,15 @@ func TestNoWarningsThreeMembers(t *testing.T) {
 	require.NoError(t, s.Close())
 	require.NoError(t, ws.Close())
 
+	elected := raftTerm(t, c) != term
 	var warned int
 	for _, e := range logs.All() {
 		if e.Level >= zapcore.WarnLevel {
 			warned++
+			if elected && leaderLossWarning(e) {
+				t.Logf("etcd elected a leader during the test; forgiven: %s %q %v", e.Level, e.Message, e.ContextMap())
+				continue
+			}
 			t.Errorf("etcd's client logged %s %q %v", e.Level, e.Message, e.ContextMap())
 		}
 	}
@@ -182,4 +193,29 @@ func startRWaiter(ctx context.Context, rw *etcdlock.RWMutex) <-chan error {
 	done := make(chan error, 1)
 	go func() { done <- rw.RLock(ctx) }()
 	return done
+}
+
+// raftTerm returns the highest raft term c's members report.
+func raftTerm(t *testing.T, c *etcdtest.Cluster) uint64 {
+	t.Helper()
+	cli := c.Client(t)
+	var term uint64
+	for _, ep := range c.Endpoints() {
+		st, err := cli.Status(t.Context(), ep)
+		require.NoError(t, err)
+		term = max(term, st.RaftTerm)
+	}
+	return term
+}
+
+// leaderLossWarning reports whether e is etcd's client logging a call
+// that failed because the members were electing a leader.
+func leaderLossWarning(e observer.LoggedEntry) bool {
+	msg := fmt.Sprint(e.ContextMap()["error"])
+	for _, s := range []string{"leader changed", "no leader", "request timed out", "timed out waiting for read index", "raft proposal dropped"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
