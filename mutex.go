@@ -62,7 +62,11 @@ func (m *Mutex) Lock(ctx context.Context) error { return m.lock(ctx, KeyMode{}, 
 // returns ErrLocked at once without joining the queue. A held lock costs one
 // read-only RPC and writes nothing; a free one costs one read and one write.
 // The write is guarded so that TryLock can never jump ahead of a waiter.
-// After failure nothing of this Mutex is left under the lock's prefix.
+// The read is sent again after errors that pass (a leader election, a
+// member out of reach), while ctx and the session last: "at once" means
+// without waiting for the lock, not without waiting for etcd. An error on
+// the write is returned. After failure nothing of this Mutex is left under
+// the lock's prefix.
 func (m *Mutex) TryLock(ctx context.Context) error { return m.lock(ctx, KeyMode{}, false) }
 
 // Unlock releases the lock. It deletes the key only if it is still the key

@@ -70,8 +70,9 @@ func (m *RWMutex) Unlock(ctx context.Context) error {
 func (m *RWMutex) RLock(ctx context.Context) error { return m.lock(ctx, shared, true) }
 
 // TryRLock takes a read lock if no writer holds the lock or waits for it,
-// and otherwise returns ErrLocked at once without joining the queue. A
-// held lock costs one read-only RPC (more with over 64 readers holding).
+// and otherwise returns ErrLocked at once without joining the queue, as
+// Mutex.TryLock does. A held lock costs one read-only RPC (more with over
+// 64 readers holding).
 func (m *RWMutex) TryRLock(ctx context.Context) error { return m.lock(ctx, shared, false) }
 
 // RUnlock releases the read lock, as Mutex.Unlock does. It returns

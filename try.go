@@ -19,16 +19,16 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 	// revision. etcd sends any Txn with a Put through Raft even when its
 	// compare fails, so only an all-read request is served as a read.
 	first := []clientv3.Op{q.opQueue(mode, 0), clientv3.OpGet(q.key)}
-	resp, err := q.s.cli.Txn(ctx).Then(first...).Commit()
+	resp, err := q.tryReadTxn(ctx, first)
 	if err != nil {
-		return 0, nil, q.rpcErr(err)
+		return 0, nil, err
 	}
 	for range 5 {
 		me, read, err := q.tryRead(ctx, mode, val, resp)
 		if errors.Is(err, errPageCompacted) {
 			// Read the queue anew.
-			if resp, err = q.s.cli.Txn(ctx).Then(first...).Commit(); err != nil {
-				return 0, nil, q.rpcErr(err)
+			if resp, err = q.tryReadTxn(ctx, first); err != nil {
+				return 0, nil, err
 			}
 			continue
 		}
@@ -45,8 +45,8 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			if err := q.remove(ctx, read.own.CreateRevision); err != nil {
 				return 0, nil, err
 			}
-			if resp, err = q.s.cli.Txn(ctx).Then(first...).Commit(); err != nil {
-				return 0, nil, q.rpcErr(err)
+			if resp, err = q.tryReadTxn(ctx, first); err != nil {
+				return 0, nil, err
 			}
 			continue
 		}
@@ -69,6 +69,27 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 	// Keys kept changing under the prefix (nested locks' traffic): rather
 	// than spin, report the lock as busy.
 	return 0, nil, ErrLocked
+}
+
+// tryReadTxn sends a Try's read-only Txn (first), again after errors that
+// pass (a leader election, a member out of reach), after a growing pause,
+// as long as ctx and the session last: a Try answers whether the lock is
+// free, and an election says nothing about that. A read writes nothing, so
+// sending it again leaves nothing behind.
+func (q *queue) tryReadTxn(ctx context.Context, first []clientv3.Op) (*clientv3.TxnResponse, error) {
+	backoff := minBackoff
+	for {
+		resp, err := q.s.cli.Txn(ctx).Then(first...).Commit()
+		if err == nil {
+			return resp, nil
+		}
+		if err = q.rpcErr(err); !q.retryable(ctx, err) {
+			return nil, err
+		}
+		if !pause(ctx, &backoff) {
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // tryRead judges a Try from resp, the answer to its read-only Txn (the
