@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,6 +115,36 @@ func keys(t *testing.T, cli *clientv3.Client, name string) []string {
 		ks = append(ks, string(kv.Key))
 	}
 	return ks
+}
+
+// A meeting makes n goroutines be inside a lock at one moment, for
+// tests that must see holders overlap without leaving it to scheduling:
+// each of the n arrives inside and waits until all have; others may wait
+// for the meeting before they start.
+type meeting struct {
+	n       int64
+	arrived atomic.Int64
+	all     chan struct{} // closed when the n-th arrives
+}
+
+func newMeeting(n int) *meeting { return &meeting{n: int64(n), all: make(chan struct{})} }
+
+// arrive counts the caller in and waits until all n are in, or ctx ends.
+func (m *meeting) arrive(ctx context.Context) error {
+	if m.arrived.Add(1) == m.n {
+		close(m.all)
+	}
+	return m.await(ctx)
+}
+
+// await waits until all n are in, or ctx ends.
+func (m *meeting) await(ctx context.Context) error {
+	select {
+	case <-m.all:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%d of %d met: %w", m.arrived.Load(), m.n, ctx.Err())
+	}
 }
 
 // watchDeletion watches key, as it is now, for its deletion. The returned

@@ -420,12 +420,12 @@ func testRWContention(t *testing.T, c *etcdtest.Cluster, readers, writers, round
 	// a pass.
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	var rInside, wInside, maxReaders, entered atomic.Int64
+	var rInside, wInside, maxReaders atomic.Int64
 	// That readers share is made certain, not left to scheduling: in the
 	// first round every reader waits inside until all readers are in, and
 	// writers start only then. With no write key queued between them, all
 	// read keys are at the head together.
-	allIn := make(chan struct{})
+	met := newMeeting(readers)
 	var wg sync.WaitGroup
 	errs := make(chan error, readers+writers)
 	for i := range readers + writers {
@@ -440,10 +440,8 @@ func testRWContention(t *testing.T, c *etcdtest.Cluster, readers, writers, round
 				cancel()
 			}
 			if !reader {
-				select {
-				case <-allIn:
-				case <-ctx.Done():
-					fail(fmt.Errorf("the readers never all held together: %w", ctx.Err()))
+				if err := met.await(ctx); err != nil {
+					fail(fmt.Errorf("the readers never all held together: %w", err))
 					return
 				}
 			}
@@ -463,13 +461,8 @@ func testRWContention(t *testing.T, c *etcdtest.Cluster, readers, writers, round
 							}
 						}
 						if round == 0 {
-							if entered.Add(1) == int64(readers) {
-								close(allIn)
-							}
-							select {
-							case <-allIn:
-							case <-ctx.Done():
-								return fmt.Errorf("waiting inside for the other readers: %w", ctx.Err())
+							if err := met.arrive(ctx); err != nil {
+								return fmt.Errorf("waiting inside for the other readers: %w", err)
 							}
 						}
 						time.Sleep(2 * time.Millisecond)

@@ -442,11 +442,11 @@ func testSemContention(t *testing.T, c *etcdtest.Cluster, contenders, rounds int
 	// a pass.
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	var inside, holders, maxHolders, entered atomic.Int64
+	var inside, holders, maxHolders atomic.Int64
 	// That contenders share is made certain, not left to scheduling: in
 	// the first round contenders 0 and 1 (1 and 2 permits) wait inside
 	// until both are in, and the others start only then.
-	bothIn := make(chan struct{})
+	met := newMeeting(2)
 	var wg sync.WaitGroup
 	errs := make(chan error, contenders)
 	for i := range contenders {
@@ -462,10 +462,8 @@ func testSemContention(t *testing.T, c *etcdtest.Cluster, contenders, rounds int
 				cancel()
 			}
 			if !meets {
-				select {
-				case <-bothIn:
-				case <-ctx.Done():
-					fail(fmt.Errorf("the first two never held together: %w", ctx.Err()))
+				if err := met.await(ctx); err != nil {
+					fail(fmt.Errorf("the first two never held together: %w", err))
 					return
 				}
 			}
@@ -485,13 +483,8 @@ func testSemContention(t *testing.T, c *etcdtest.Cluster, contenders, rounds int
 						}
 					}
 					if meets && round == 0 {
-						if entered.Add(1) == 2 {
-							close(bothIn)
-						}
-						select {
-						case <-bothIn:
-						case <-ctx.Done():
-							return fmt.Errorf("waiting inside for the other: %w", ctx.Err())
+						if err := met.arrive(ctx); err != nil {
+							return fmt.Errorf("waiting inside for the other: %w", err)
 						}
 					}
 					time.Sleep(time.Millisecond)
