@@ -26,6 +26,12 @@ type Env struct {
 	cluster *etcdtest.Cluster
 	obs     *clientv3.Client // uncounted: reads revisions and polls the queue
 	seq     atomic.Int64     // makes lock names unique
+
+	// hold, if set, is what the contention scenarios' holders do inside
+	// the critical section instead of yielding. Only tests set it: those
+	// that check a scenario fails a broken lock keep holders inside until
+	// an intruder is caught, so that catching it is not left to chance.
+	hold func(context.Context) error
 }
 
 // NewEnv starts an etcd cluster of the given number of members,

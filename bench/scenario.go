@@ -352,7 +352,7 @@ func contendWith(label string, k int, capacity int64, newLock func(s Session, na
 		defer closeSessions(ss)
 
 		name := env.lockName(label, impl)
-		win := newWindow(newMeter(env, &cs.rpcs, timer), k, n)
+		win := newWindow(env, newMeter(env, &cs.rpcs, timer), k, n)
 		var (
 			inside    atomic.Int64 // holders inside the critical section
 			maxInside atomic.Int64 // the most seen inside at once
@@ -433,18 +433,21 @@ func rwContend(readers, writers int) func(context.Context, *Env, Impl, int, Time
 		defer closeSessions(ss)
 
 		name := env.lockName(fmt.Sprintf("rw-%dr%dw", readers, writers), impl)
-		win := newWindow(newMeter(env, &cs.rpcs, timer), k, n)
+		win := newWindow(env, newMeter(env, &cs.rpcs, timer), k, n)
 		var (
 			rInside, wInside atomic.Int64
 			mu               sync.Mutex
 			firstErr         error
 		)
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
 		fail := func(err error) {
 			mu.Lock()
 			if firstErr == nil {
 				firstErr = err
 			}
 			mu.Unlock()
+			cancel()
 		}
 		var wg sync.WaitGroup
 		for i, s := range ss {
@@ -498,10 +501,11 @@ type window struct {
 	warm, last int64
 	seq        atomic.Int64  // acquisitions so far
 	started    chan struct{} // closed once the meter started
+	hold       func(context.Context) error
 }
 
-func newWindow(mt *meter, k, n int) *window {
-	return &window{mt: mt, warm: int64(k), last: int64(k + n), started: make(chan struct{})}
+func newWindow(env *Env, mt *meter, k, n int) *window {
+	return &window{mt: mt, warm: int64(k), last: int64(k + n), started: make(chan struct{}), hold: env.hold}
 }
 
 // over reports whether the window's last acquisition has been made.
@@ -521,6 +525,9 @@ func (w *window) step(ctx context.Context) error {
 		<-w.started
 		return w.mt.stop(ctx, w.last-w.warm)
 	default:
+		if w.hold != nil {
+			return w.hold(ctx)
+		}
 		runtime.Gosched() // give an intruder time to show up
 		return nil
 	}

@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -156,22 +158,24 @@ func TestRWSemScenarios(t *testing.T) {
 	require.NotNil(t, r.Queue)
 }
 
-// TestRWContendDetectsOverlap checks that the RWMutex contention scenario
-// fails a lock that lets a writer in with others.
+// TestRWContendDetectsOverlap checks that the RWMutex and Semaphore
+// contention scenarios fail a lock that lets in more than they admit.
 func TestRWContendDetectsOverlap(t *testing.T) {
 	env, err := NewEnv(t.TempDir(), 1)
 	require.NoError(t, err)
 	t.Cleanup(env.Close)
 
+	// Holders stay inside until caught: as all 6 come in, a writer is
+	// inside with another.
+	env.hold = stayInside
 	_, err = rwContend(4, 2)(t.Context(), env, noLock, 400, nil)
 	require.ErrorContains(t, err, "a writer is inside with another holder")
-	// A Semaphore of 2 is violated only when 3 are inside at once, which
-	// needs two yields inside (window.step's Gosched) in a row: rarer than
-	// a pair, and under load 400 acquisitions once showed none. 4000 cost
-	// a few milliseconds more (noLock makes no RPC).
+
+	// Two holders stay inside: the third is one too many.
+	env.hold = stayInside
 	_, err = contendWith("sem-overlap", 6, 2, func(s Session, name string) Mutex {
 		return semMutex{s.NewSemaphore(name, 2), 1}
-	})(t.Context(), env, noLock, 4000, nil)
+	})(t.Context(), env, noLock, 400, nil)
 	require.ErrorContains(t, err, "mutual exclusion violated")
 }
 
@@ -182,8 +186,26 @@ func TestContendDetectsOverlap(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(env.Close)
 
+	env.hold = stayInside
 	_, err = contend(4)(t.Context(), env, noLock, 400, nil)
 	require.ErrorContains(t, err, "mutual exclusion violated")
+}
+
+// stayInside is a hold (see Env.hold) under which holders stay inside the
+// critical section until the run fails, which cancels their ctx. A broken
+// lock then lets an intruder in while they are inside, every time: not
+// only when the scheduler happens to interleave them, and before the
+// others can end the window without it (holders that go straight on can
+// make all its acquisitions while a writer has yet to run). Against a
+// working lock no intruder comes, and the holders give up after a minute
+// with an error of their own.
+func stayInside(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-time.After(time.Minute):
+		return errors.New("bench: no intruder came while holders stayed inside")
+	}
 }
 
 // noLock is a broken implementation whose Lock never waits.
