@@ -134,6 +134,9 @@ func drain(ctx context.Context, env *Env, impl Impl, timer Timer, spec queueSpec
 
 	wctx, cancel := context.WithCancel(ctx)
 	q := &queue{env: env, cs: cs, name: name, cancel: cancel, capacity: spec.capacity, newLock: spec.newWaiter}
+	if spec.server {
+		q.batch = joinBatch
+	}
 	defer q.close() // stops the waiters, then closes their sessions
 
 	// Queue the waiters in three parts, measuring memory after each. The
@@ -311,6 +314,7 @@ type queue struct {
 	cancel context.CancelFunc // makes the waiters' Lock return
 	ss     []Session          // of the waiters, those not waiting yet last
 	joined int                // waiters started: q.ss[:joined]
+	batch  int                // at most this many join at once; 0: all
 
 	capacity int64                       // most waiters holding at once
 	newLock  func(Session, string) Mutex // a waiter's lock
@@ -362,24 +366,44 @@ func (q *queue) addSessions(ctx context.Context, impl Impl, n int) error {
 }
 
 // add starts n more waiters, with the sessions addSessions made or new
-// ones, and returns once they are all queued and idle.
+// ones, and returns once they are all queued and idle: no watcher on the
+// server is still catching up, and for a while neither the number of
+// watchers nor the number of unary RPCs of the clients changed (which
+// tells nothing apart by implementation).
 func (q *queue) add(ctx, wctx context.Context, impl Impl, n int) error {
 	if more := q.joined + n - len(q.ss); more > 0 {
 		if err := q.addSessions(ctx, impl, more); err != nil {
 			return err
 		}
 	}
-	for _, s := range q.ss[q.joined : q.joined+n] {
-		m, key := q.newLock(s, q.name), waiterKey(q.name, s.Lease())
-		q.wg.Add(1)
-		go func() {
-			defer q.wg.Done()
-			q.waiter(wctx, m, key)
-		}()
+	for end := q.joined + n; q.joined < end; {
+		b := end - q.joined
+		if q.batch > 0 {
+			b = min(b, q.batch)
+		}
+		for _, s := range q.ss[q.joined : q.joined+b] {
+			m, key := q.newLock(s, q.name), waiterKey(q.name, s.Lease())
+			q.wg.Add(1)
+			go func() {
+				defer q.wg.Done()
+				q.waiter(wctx, m, key)
+			}()
+		}
+		q.joined += b
+		if err := q.queued(ctx, int64(q.joined+1)); err != nil {
+			return err
+		}
 	}
-	q.joined += n
-	return q.settle(ctx, int64(q.joined+1))
+	return q.env.settleWatchers(ctx, &q.cs.rpcs, q.failed)
 }
+
+// joinBatch is how many waiters join at once when the waiting itself is
+// measured (queueSpec.server). A Lock's first read of the queue is sorted
+// by create revision, which makes etcd read every key under the lock: a
+// member given thousands of Locks at once falls seconds behind, and times
+// out proposals and renewals alike. Those scenarios measure the waiting,
+// not that burst; the others keep it (see docs/performance.md, Bursts).
+const joinBatch = 100
 
 func (q *queue) waiter(ctx context.Context, m Mutex, key string) {
 	if err := m.Lock(ctx); err != nil {
@@ -441,13 +465,10 @@ func (q *queue) failed() error {
 	return q.err
 }
 
-// settle returns once want keys (holder and waiters) are under the lock's
-// prefix and the waiters are idle: no watcher on the server is still
-// catching up, and for a while neither the number of watchers nor the
-// number of unary RPCs of the clients changed. It tells nothing apart by
-// implementation.
-func (q *queue) settle(ctx context.Context, want int64) error {
-	err := poll(ctx, 10*time.Millisecond, func() (bool, error) {
+// queued returns once want keys (holder and waiters) are under the lock's
+// prefix.
+func (q *queue) queued(ctx context.Context, want int64) error {
+	return poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		if err := q.failed(); err != nil {
 			return false, err
 		}
@@ -457,10 +478,6 @@ func (q *queue) settle(ctx context.Context, want int64) error {
 		}
 		return n == want, err
 	})
-	if err != nil {
-		return err
-	}
-	return q.env.settleWatchers(ctx, &q.cs.rpcs, q.failed)
 }
 
 // wait waits until every waiter has held and released the lock.
