@@ -55,7 +55,9 @@ func NewMutex(s *Session, name string, opts ...MutexOption) *Mutex {
 // overloaded etcd ("request timed out", "too many requests"): the write that
 // joins the queue is sent again (it keeps the place an earlier attempt may
 // have taken), the queue keeps its place, and only ctx or the session's end
-// make it leave.
+// make it leave. A cluster out of space (etcd's NOSPACE alarm) is not
+// ridden out: the write is refused until an operator frees space, and Lock
+// returns etcd's error (rpctypes.ErrNoSpace) at once, leaving no key.
 func (m *Mutex) Lock(ctx context.Context) error { return m.lock(ctx, KeyMode{}, true) }
 
 // TryLock takes the lock if no one holds it or waits for it, and otherwise

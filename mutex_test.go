@@ -12,6 +12,7 @@ import (
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -682,6 +683,46 @@ func TestAuth(t *testing.T) {
 	require.ErrorIs(t, b.TryLock(lctx), rpctypes.ErrPermissionDenied)
 	rootAuthed := c.Client(t, clientv3.Config{Username: "root", Password: "root-pw"})
 	require.Empty(t, keys(t, rootAuthed, name))
+}
+
+// TestNoSpace checks what a cluster out of space does (etcd's NOSPACE
+// alarm, raised here as etcd raises it when its backend passes its quota):
+// Lock, TryLock and NewSession, whose writes etcd refuses, return its
+// error at once and leave no key, rather than waiting for an operator until
+// their ctx ends; Unlock, a delete, still releases. The ctx of each call is
+// long: were the error waited on, the call would return the ctx's error.
+func TestNoSpace(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Client(t)
+	ctx := t.Context()
+	a := etcdlock.NewMutex(newSession(t, cli), "nospace-held")
+	require.NoError(t, a.Lock(ctx))
+	b := etcdlock.NewMutex(newSession(t, cli), "nospace")
+
+	resp, err := cli.Get(ctx, "any")
+	require.NoError(t, err)
+	alarm := func(action pb.AlarmRequest_AlarmAction) {
+		_, err := pb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx, &pb.AlarmRequest{
+			Action: action, MemberID: resp.Header.MemberId, Alarm: pb.AlarmType_NOSPACE})
+		require.NoError(t, err)
+	}
+	alarm(pb.AlarmRequest_ACTIVATE) // the cluster is this test's own
+
+	long, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.ErrorIs(t, b.Lock(long), rpctypes.ErrNoSpace)
+	require.ErrorIs(t, b.TryLock(long), rpctypes.ErrNoSpace)
+	require.Empty(t, keys(t, cli, "nospace"))
+	_, err = etcdlock.NewSession(long, cli)
+	require.ErrorIs(t, err, rpctypes.ErrNoSpace)
+	require.NoError(t, long.Err(), "the calls waited for their ctx")
+
+	require.NoError(t, a.Unlock(ctx))
+	require.Empty(t, keys(t, cli, "nospace-held"))
+
+	alarm(pb.AlarmRequest_DEACTIVATE)
+	require.NoError(t, b.Lock(ctx))
+	require.NoError(t, b.Unlock(ctx))
 }
 
 // TestThreeMembers runs the contract on a three-member cluster, with the

@@ -54,6 +54,13 @@ func transient(err error) bool {
 	if rpctypes.ErrorDesc(err) == errProposalDropped {
 		return true
 	}
+	// A cluster out of space (etcd's NOSPACE alarm) refuses every write
+	// that puts a key or grants a lease until an operator frees space and
+	// disarms the alarm. It shares its code with "too many requests", but
+	// waiting on it would turn a clear error into the caller's deadline.
+	if errors.Is(err, rpctypes.ErrNoSpace) || errors.Is(err, rpctypes.ErrGRPCNoSpace) {
+		return false
+	}
 	// etcd's transient errors (no leader, leader changed, its own request
 	// timeouts, too many requests) carry these codes; judging by the code
 	// rather than a list keeps errors of newer etcd releases covered.

@@ -40,6 +40,10 @@ func TestRetryable(t *testing.T) {
 		{rpctypes.Error(status.Error(codes.Unknown, "raft proposal dropped")), true},
 		{status.Error(codes.Unknown, "something else"), false},
 		{rpctypes.ErrPermissionDenied, false},
+		// Out of space: ResourceExhausted, as "too many requests", but
+		// only an operator mends it.
+		{rpctypes.ErrNoSpace, false},
+		{rpctypes.ErrGRPCNoSpace, false},
 		{rpctypes.ErrLeaseNotFound, false},
 		{ErrSessionExpired, false},
 		{context.Canceled, false},
