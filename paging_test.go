@@ -9,7 +9,10 @@ import (
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // The tests of this file make a lock's queue span more than one page of
@@ -128,6 +131,51 @@ func TestTryPagesAtOneRevision(t *testing.T) {
 			resp, err := cli.Txn(t.Context()).If(c.owner(l), ownerOf(other)).Commit()
 			require.NoError(t, err)
 			require.False(t, resp.Succeeded, "both holds are current in etcd")
+		})
+	}
+}
+
+// TestTryRidesOutElectionInLaterPage: a Try whose queue spans two pages
+// rides out an election met by its second page, as it does one met by its
+// first (TestTryRidesOutElection). etcd's client already sends a read
+// again after an error with code Unavailable ("no leader", "leader
+// changed"), up to 100 times; raft's "proposal dropped", which etcd sends
+// with code Unknown, is sent again by the Try alone. Before, the second
+// page's error was returned as it was: a Try of a free lock failed.
+func TestTryRidesOutElectionInLaterPage(t *testing.T) {
+	t.Parallel()
+	for _, c := range pagedCases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			name := lockName(t)
+			cli := newClient(t)
+			putNested(t, cli, name, c.page+1)
+
+			var in etcdtest.Injector
+			tcli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+			l := c.mk(newSession(t, tcli), name)
+			// The Try's second read is its second page. etcd's client
+			// sends it again after "no leader"; "proposal dropped" then
+			// fails it, and the Try reads the first page again (its
+			// fourth read) and the second, which fails again. (An action
+			// armed after another counts the RPCs that one did not take.)
+			dropped := status.Error(codes.Unknown, "raft proposal dropped")
+			failed := []<-chan struct{}{
+				in.At(etcdtest.Nth(2, unary), etcdtest.Action{Fail: rpctypes.ErrGRPCNoLeader}),
+				in.At(etcdtest.Nth(1, unary), etcdtest.Action{Fail: dropped}),
+				in.At(etcdtest.Nth(2, unary), etcdtest.Action{Fail: dropped}),
+			}
+			require.NoError(t, c.try(t.Context(), l))
+			for i, f := range failed {
+				select {
+				case <-f:
+				default:
+					t.Fatalf("injected failure %d never met: the queue did not span two pages", i+1)
+				}
+			}
+			resp, err := cli.Txn(t.Context()).If(c.owner(l)).Commit()
+			require.NoError(t, err)
+			require.True(t, resp.Succeeded, "the Try holds in etcd")
 		})
 	}
 }

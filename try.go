@@ -23,10 +23,19 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 	if err != nil {
 		return 0, nil, err
 	}
-	for range 5 {
+	backoff := minBackoff
+	for changed := 0; changed < 5; {
 		me, read, err := q.tryRead(ctx, mode, val, resp)
-		if errors.Is(err, errPageCompacted) {
-			// Read the queue anew.
+		if errors.Is(err, errPageCompacted) || q.retryable(ctx, err) {
+			// A later page met a compaction of the revision it was to be
+			// read at, or an error that passes (an election): read the
+			// queue anew, after a pause for the latter, as the first read
+			// is. Only compactions count as the queue changing.
+			if errors.Is(err, errPageCompacted) {
+				changed++
+			} else if !pause(ctx, &backoff) {
+				return 0, nil, ctx.Err()
+			}
 			if resp, err = q.tryReadTxn(ctx, first); err != nil {
 				return 0, nil, err
 			}
@@ -48,6 +57,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			if resp, err = q.tryReadTxn(ctx, first); err != nil {
 				return 0, nil, err
 			}
+			changed++
 			continue
 		}
 		tresp, err := q.tryPut(ctx, val, read, first)
@@ -65,6 +75,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			return rev, tresp.Header, nil
 		}
 		resp = tresp
+		changed++
 	}
 	// Keys kept changing under the prefix (nested locks' traffic): rather
 	// than spin, report the lock as busy.
