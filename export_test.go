@@ -34,3 +34,7 @@ func SessionGiveUp(s *Session) time.Time {
 	defer s.mu.Unlock()
 	return s.deadline.Add(-s.expiryMargin())
 }
+
+// self makes a MultiMutex Hooked: its hooks are its lead part's, which
+// every part's waiter calls.
+func (m *MultiMutex) self() *queue { return &m.q }

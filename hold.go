@@ -97,7 +97,7 @@ func (q *queue) Done() <-chan struct{} {
 	if h.watch == nil && !h.ended() {
 		// finish stops the watch; the session's end ends it, and the
 		// hold with it.
-		if h.watch = q.s.watcher.watchHold(q, h); h.watch == nil {
+		if h.watch = q.s.watcher.watchHold(q, h); h.watch == nil || !q.set.watchHold(h) {
 			ended, err = h.seenGone(q.s.Err()) // the session has ended
 		}
 	}
@@ -208,12 +208,18 @@ func (q *queue) do(ctx context.Context, mode KeyMode, fn func(ctx context.Contex
 // tells the owner of its release that the key is gone (seenGone). The
 // watch is not stopped: it is the caller.
 func (q *queue) lose(h *hold, cause error) {
+	q = q.owner() // a part of a set: the set's lead owns the hold
 	q.mu.Lock()
 	ended, err := h.seenGone(cause)
 	releasing := h.state == holdReleasing || h.ended() && h.owed
 	q.mu.Unlock()
 	if ended {
 		q.reportEnd(h, err)
+	}
+	if ended && err != nil && q.set != nil {
+		// One key of the set went: the others would keep their names'
+		// queues waiting until Unlock, or the session's end.
+		q.s.releaser.addSweep(q, h)
 	}
 	if releasing {
 		q.s.releaser.signal() // it finishes the hold
@@ -232,7 +238,7 @@ func (q *queue) reportEnd(h *hold, err error) {
 	mode := h.mode
 	q.mu.Unlock()
 	ev.holdDone(HoldDoneInfo{
-		LockInfo: LockInfo{Kind: h.kind, Name: q.name, Mode: mode},
+		LockInfo: LockInfo{Kind: h.kind, Name: q.label(), Mode: mode},
 		Token:    h.rev,
 		Held:     monotime() - h.since,
 		End:      q.s.holdEnd(err),
@@ -244,11 +250,12 @@ func (q *queue) reportEnd(h *hold, err error) {
 // bound to ended (then, for the session's lease, the session ends now
 // rather than at its next renewal), or someone deleted it. A deletion once
 // a release has begun may be the release's own: it is not looked into,
-// the release tells.
+// the release tells. For a part of a set, q is the part whose key went.
 func (q *queue) holdGone(ctx context.Context, h *hold) error {
-	q.mu.Lock()
+	o := q.owner()
+	o.mu.Lock()
 	released := !h.intact()
-	q.mu.Unlock()
+	o.mu.Unlock()
 	if released {
 		return errorf("key %s was %w", q.key, errDeleted)
 	}
@@ -304,8 +311,8 @@ func (q *queue) limitHold(ctx context.Context, h *hold) error {
 	h.limit = &holdLimit{lease: g.ID, deadline: sent.Add(time.Duration(g.TTL) * time.Second)}
 	q.s.trackLease(h.limit.lease, h.limit.deadline) // Close revokes it
 	resp, err := q.s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
-		Then(clientv3.OpPut(q.key, q.value(h.mode), clientv3.WithLease(g.ID))).
+		If(q.ownCmps(h.rev)...).
+		Then(q.puts(q.value(h.mode), g.ID)...).
 		Commit()
 	if err == nil && !resp.Succeeded {
 		err = errorf("%w: %w", ErrLockLost, q.whyKeyGone(ctx, 0))

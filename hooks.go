@@ -112,10 +112,11 @@ const (
 	KindRWMutexWrite             // "rwmutex_write": an RWMutex's Lock, TryLock, Do
 	KindSemaphore                // "semaphore"
 	KindElection                 // "election": Campaign, and leadership as the hold
+	KindMultiMutex               // "multimutex": LockInfo.Name is its names joined by ","
 	numKinds
 )
 
-var kindNames = [numKinds]string{"mutex", "rwmutex_read", "rwmutex_write", "semaphore", "election"}
+var kindNames = [numKinds]string{"mutex", "rwmutex_read", "rwmutex_write", "semaphore", "election", "multimutex"}
 
 func (k Kind) String() string {
 	if k < numKinds {

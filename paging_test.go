@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,6 +81,19 @@ var pagedCases = []pagedCase{
 		owner: func(l etcdlock.Hooked) clientv3.Cmp { return l.(*etcdlock.Semaphore).IsOwner() },
 		done:  func(l etcdlock.Hooked) <-chan struct{} { return l.(*etcdlock.Semaphore).Done() },
 		err:   func(l etcdlock.Hooked) error { return l.(*etcdlock.Semaphore).Err() },
+	},
+	{
+		// A set over the lock and a lock nested in it: its two keys
+		// share a create revision in the lock's range.
+		name: "MultiMutex", page: 8,
+		mk: func(s *etcdlock.Session, name string) etcdlock.Hooked {
+			return etcdlock.NewMultiMutex(s, []string{name, name + "/m"})
+		},
+		try:   func(ctx context.Context, l etcdlock.Hooked) error { return l.(*etcdlock.MultiMutex).TryLock(ctx) },
+		lock:  func(ctx context.Context, l etcdlock.Hooked) error { return l.(*etcdlock.MultiMutex).Lock(ctx) },
+		owner: ownerOf,
+		done:  func(l etcdlock.Hooked) <-chan struct{} { return l.(*etcdlock.MultiMutex).Done() },
+		err:   func(l etcdlock.Hooked) error { return l.(*etcdlock.MultiMutex).Err() },
 	},
 }
 
@@ -180,8 +194,13 @@ func TestTryRidesOutElectionInLaterPage(t *testing.T) {
 	}
 }
 
-// ownerOf is IsOwner of any primitive.
+// ownerOf is IsOwner of any primitive; of a MultiMutex, of its first
+// name.
 func ownerOf(l etcdlock.Hooked) clientv3.Cmp {
+	if m, ok := l.(*etcdlock.MultiMutex); ok {
+		k := m.Keys()[0]
+		return m.IsOwner(k[:strings.LastIndex(k, "/")])
+	}
 	return l.(interface{ IsOwner() clientv3.Cmp }).IsOwner()
 }
 

@@ -131,6 +131,9 @@ func (q *queue) join(ctx context.Context, mode KeyMode, val string) (*clientv3.T
 //
 //go:noinline
 func (q *queue) place(ctx context.Context, mode KeyMode, val string) (*clientv3.TxnResponse, error) {
+	if q.set != nil {
+		return q.placeSetTxn(ctx, val)
+	}
 	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
 	wctx, cancel := q.writeCtx(ctx)
 	defer cancel()
@@ -196,8 +199,8 @@ func (q *queue) fail(ctx context.Context, rev int64, err error) error {
 	return err
 }
 
-// remove deletes this queue's key if its create revision is rev (by name
-// when rev is 0), with a context that is not the cancelled one (writeCtx):
+// remove deletes this queue's key (for a set, each of its keys) if its
+// create revision is rev (by name when rev is 0), with a context that is not the cancelled one (writeCtx):
 // a key left behind would block the queue for as long as the session
 // lives. It sends the Delete again after an error that passes (retryable),
 // which is safe however many land, while the session lasts. Once the
@@ -209,9 +212,13 @@ func (q *queue) remove(ctx context.Context, rev int64) error {
 	if rev != 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
 	}
+	dels := []clientv3.Op{clientv3.OpDelete(q.key)}
+	if q.set != nil {
+		cmps, dels = nil, q.deletes(rev) // each key of the set, each guarded
+	}
 	backoff := minBackoff
 	for {
-		_, err := q.s.cli.Txn(cctx).If(cmps...).Then(clientv3.OpDelete(q.key)).Commit()
+		_, err := q.s.cli.Txn(cctx).If(cmps...).Then(dels...).Commit()
 		if err == nil || q.s.Err() != nil {
 			return nil
 		}

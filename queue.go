@@ -47,6 +47,12 @@ type queue struct {
 	h    *hold      // the current hold; nil when not held
 	last *hold      // the hold that ended last, for Done and Err
 
+	// set is the MultiMutex q is a part of, nil for every other
+	// primitive. Its first part (set.lead) owns the hold, its mu and the
+	// session-local rights of every name; the others only carry their
+	// name's key and prefix (see multimutex.go).
+	set *multiSet
+
 	// testHookWait, when set, is called each time a waiter has set up its
 	// watches and blocks for an event, with the keys it watches: its
 	// blockers, or the prefix when it watches the whole lock. Tests use it
@@ -98,7 +104,7 @@ func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bo
 		}
 		return err
 	}
-	li := LockInfo{Kind: q.opts.kind, Name: q.name, Mode: mode}
+	li := LockInfo{Kind: q.opts.kind, Name: q.label(), Mode: mode}
 	if mode.Shared {
 		li.Kind = KindRWMutexRead
 	}
@@ -136,25 +142,30 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 	// The right is per session and name, across primitives: they all share
 	// the key name/<lease>, so one hold per session and name holds for
 	// every mix of them.
-	if err := q.s.acquireName(bctx, q.name, wait); err != nil {
+	if err := q.acquireNames(bctx, wait); err != nil {
 		return nil, q.cause(ctx, err)
 	}
 	var rev int64
 	var hdr *pb.ResponseHeader
 	var err error
-	if wait {
+	switch {
+	case q.set != nil && wait:
+		rev, hdr, err = q.acquireSet(bctx, val)
+	case q.set != nil:
+		rev, hdr, err = q.tryAcquireSet(bctx, val)
+	case wait:
 		rev, hdr, err = q.acquire(bctx, mode, val)
-	} else {
+	default:
 		rev, hdr, err = q.tryAcquire(bctx, mode, val)
 	}
 	if err != nil {
-		q.s.releaseName(q.name)
+		q.releaseNames()
 		return nil, q.cause(ctx, err)
 	}
 	h := &hold{rev: rev, mode: mode, hdr: hdr}
 	if q.opts.maxHold > 0 {
 		if err := q.limitHold(bctx, h); err != nil {
-			q.s.releaseName(q.name)
+			q.releaseNames()
 			return nil, q.cause(ctx, err)
 		}
 	}
@@ -175,7 +186,59 @@ func (q *queue) validate() error {
 	if q.opts.err != nil {
 		return q.opts.err
 	}
+	if q.set != nil {
+		return q.set.err
+	}
 	return checkLockName(q.name)
+}
+
+// acquireNames takes the session-local right to queue for q's name (see
+// Session.acquireName), or for every name of its set, in the order of the
+// names: two sets of one session that share names take them in the same
+// order, so neither waits for the other while holding a right it needs.
+// Without wait, it takes none if one is taken. Give them back with
+// releaseNames.
+func (q *queue) acquireNames(ctx context.Context, wait bool) error {
+	if q.set == nil {
+		return q.s.acquireName(ctx, q.name, wait)
+	}
+	for i, j := range q.set.order {
+		if err := q.s.acquireName(ctx, q.set.parts[j].name, wait); err != nil {
+			for _, k := range q.set.order[:i] {
+				q.s.releaseName(q.set.parts[k].name)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseNames gives back the rights acquireNames took.
+func (q *queue) releaseNames() {
+	if q.set == nil {
+		q.s.releaseName(q.name)
+		return
+	}
+	for _, p := range q.set.parts {
+		q.s.releaseName(p.name)
+	}
+}
+
+// label is q's name in events (LockInfo.Name): its name, or its set's
+// names joined by ",".
+func (q *queue) label() string {
+	if q.set != nil {
+		return q.set.label
+	}
+	return q.name
+}
+
+// owner returns the queue that owns q's hold: q, or its set's lead.
+func (q *queue) owner() *queue {
+	if q.set != nil {
+		return q.set.lead
+	}
+	return q
 }
 
 // checkName returns ErrInvalidName for a name no queue can have: empty,

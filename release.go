@@ -76,6 +76,11 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		if ended {
 			q.reportEnd(h, err)
 		}
+		if q.set != nil && q.s.Err() == nil {
+			// The set's other keys may remain (the releaser deletes
+			// them too): delete them before Unlock returns.
+			q.sweepNow(ctx, h)
+		}
 		if h.maxLease() == 0 || !q.s.releaser.add(q, h, true) {
 			q.finishNow(ctx, h)
 		}
@@ -146,21 +151,20 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 	}
 	first := h.sendAttempt()
 	q.mu.Unlock()
-	resp, err := q.s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
-		Then(clientv3.OpDelete(q.key)).
-		Commit()
+	resp, err := q.releaseTxn(ctx, h.rev)
 	q.mu.Lock()
 	goneMid := h.attemptAnswered()
 	q.mu.Unlock()
 	switch {
 	case err == nil && resp.Succeeded, err != nil && goneMid:
-		// Deleted, or the loss watch saw the key go meanwhile.
+		// Deleted (for a set, every key), or the loss watch saw the key
+		// go meanwhile.
 		return true, q.endRelease(ctx, h, nil, false, op)
 	case err == nil && first:
-		// No attempt of ours can have deleted the key: it was gone
-		// before the release began.
-		lost := errorf("%w before %s: %w", ErrLockLost, op, q.whyKeyGone(ctx, h.maxLease()))
+		// No attempt of ours can have deleted the key (for a set, one
+		// of its keys; the others are deleted now): it was gone before
+		// the release began.
+		lost := errorf("%w before %s: %w", ErrLockLost, op, q.set.goneInRelease(q, resp).whyKeyGone(ctx, h.maxLease()))
 		return true, q.endRelease(ctx, h, lost, false, op)
 	case err == nil:
 		// An earlier attempt may have deleted it, or someone else did
@@ -169,6 +173,19 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 		return true, q.endRelease(ctx, h, nil, false, op)
 	}
 	return false, err
+}
+
+// releaseTxn deletes the keys of the hold created at rev: q's key if its
+// create revision is still rev; for a set, each key of the set that still
+// has it. It succeeds when every key had it.
+func (q *queue) releaseTxn(ctx context.Context, rev int64) (*clientv3.TxnResponse, error) {
+	if q.set == nil {
+		return q.s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).
+			Then(clientv3.OpDelete(q.key)).
+			Commit()
+	}
+	return q.s.cli.Txn(ctx).If(q.ownCmps(rev)...).Then(q.deletes(0)...).Else(q.deletes(rev)...).Commit()
 }
 
 // relOf is what Unlock (op) returns for h's release, which has ended: nil
@@ -275,12 +292,16 @@ func (q *queue) finishNow(ctx context.Context, h *hold) {
 		q.h, q.last = nil, h
 	}
 	w := h.watch
+	more := q.set.takeWatches(h)
 	q.mu.Unlock()
 	if w != nil {
 		q.s.watcher.stop(ctx, w)
 	}
+	for _, w := range more {
+		q.s.watcher.stop(ctx, w)
+	}
 	q.revokeMaxHold(ctx, h)
-	q.s.releaseName(q.name)
+	q.releaseNames()
 }
 
 // A releaser sends, in the background, the releases that Unlock returned
@@ -305,6 +326,9 @@ type pending struct {
 	q    *queue
 	h    *hold
 	tidy bool
+	// sweep: h is a set's hold lost with one of its keys; delete the
+	// others (see multiSet.lost). It leaves the hold to its owner.
+	sweep bool
 }
 
 func newReleaser(s *Session) *releaser {
@@ -317,10 +341,24 @@ func newReleaser(s *Session) *releaser {
 func (r *releaser) add(q *queue, h *hold, tidy bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.addLocked(pending{q: q, h: h, tidy: tidy})
+}
+
+// addSweep has the releaser delete the keys of the set's hold h, lost
+// with one of them, that are still h's. It reports false, and takes
+// nothing, once the session has ended: the keys go with the lease.
+func (r *releaser) addSweep(q *queue, h *hold) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.addLocked(pending{q: q, h: h, sweep: true})
+}
+
+// addLocked is add, with r.mu held.
+func (r *releaser) addLocked(p pending) bool {
 	if r.closed || r.s.Err() != nil {
 		return false
 	}
-	r.pending = append(r.pending, pending{q, h, tidy})
+	r.pending = append(r.pending, p)
 	if !r.running {
 		r.running = true
 		r.done = make(chan struct{})
@@ -367,7 +405,7 @@ func (r *releaser) run(done chan struct{}) {
 		r.mu.Unlock()
 		var left []pending
 		for _, p := range work {
-			if !p.q.step(p.h, p.tidy) {
+			if p.sweep && !p.q.sweep(p.h) || !p.sweep && !p.q.step(p.h, p.tidy) {
 				left = append(left, p)
 			}
 		}
@@ -411,10 +449,7 @@ func (q *queue) step(h *hold, tidy bool) bool {
 		// Tidy up after a loss: delete the key if it is still this
 		// hold's (its max hold lease has not run out), then revoke that
 		// lease.
-		_, err := q.s.cli.Txn(actx).
-			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).
-			Then(clientv3.OpDelete(q.key)).
-			Commit()
+		_, err := q.releaseTxn(actx, h.rev)
 		if err == nil || q.s.Err() != nil {
 			q.finishNow(actx, h)
 			return true
@@ -427,4 +462,25 @@ func (q *queue) step(h *hold, tidy bool) bool {
 		return true
 	}
 	return done
+}
+
+// sweep is one round of the releaser for a set's hold h, lost with one of
+// its keys: it deletes each other key still h's. It reports whether that
+// is done.
+func (q *queue) sweep(h *hold) bool {
+	if q.s.Err() != nil {
+		return true // they go with the lease
+	}
+	actx, cancel := context.WithTimeout(q.s.endCtx, cleanupTimeout)
+	defer cancel()
+	_, err := q.releaseTxn(actx, h.rev)
+	return err == nil || q.s.Err() != nil
+}
+
+// sweepNow is sweep, with ctx, for Unlock: one attempt, bounded by
+// cleanupTimeout. If it fails, the releaser's sweep goes on.
+func (q *queue) sweepNow(ctx context.Context, h *hold) {
+	cctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+	defer cancel()
+	q.releaseTxn(cctx, h.rev)
 }

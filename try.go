@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -26,23 +27,11 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 	backoff := minBackoff
 	for changed := 0; changed < 5; {
 		me, read, err := q.tryRead(ctx, mode, val, resp)
-		if errors.Is(err, errPageCompacted) || q.retryable(ctx, err) {
-			// A later page met a compaction of the revision it was to be
-			// read at, or an error that passes (an election): read the
-			// queue anew, after a pause for the latter, as the first read
-			// is. Only compactions count as the queue changing.
-			if errors.Is(err, errPageCompacted) {
-				changed++
-			} else if !pause(ctx, &backoff) {
-				return 0, nil, ctx.Err()
-			}
-			if resp, err = q.tryReadTxn(ctx, first); err != nil {
-				return 0, nil, err
+		if again, rerr := q.tryAgain(ctx, err, &backoff, &changed, first, &resp); again || rerr != nil {
+			if rerr != nil {
+				return 0, nil, rerr
 			}
 			continue
-		}
-		if err != nil {
-			return 0, nil, err
 		}
 		if len(read.blockers) > 0 {
 			return 0, nil, ErrLocked
@@ -80,6 +69,32 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 	// Keys kept changing under the prefix (nested locks' traffic): rather
 	// than spin, report the lock as busy.
 	return 0, nil, ErrLocked
+}
+
+// tryAgain handles err, the error of judging a Try's read: when a later
+// page met a compaction of the revision it was to be read at, or an error
+// that passes (an election), it reads the queue anew into *resp, after a
+// pause for the latter, as the first read is, and reports true. Only
+// compactions count as the queue changing (*changed). Any other error is
+// returned.
+func (q *queue) tryAgain(ctx context.Context, err error, backoff *time.Duration, changed *int, first []clientv3.Op, resp **clientv3.TxnResponse) (again bool, _ error) {
+	if err == nil {
+		return false, nil
+	}
+	if !errors.Is(err, errPageCompacted) && !q.retryable(ctx, err) {
+		return false, err
+	}
+	if errors.Is(err, errPageCompacted) {
+		*changed++
+	} else if !pause(ctx, backoff) {
+		return false, ctx.Err()
+	}
+	r, err := q.tryReadTxn(ctx, first)
+	if err != nil {
+		return false, err
+	}
+	*resp = r
+	return true, nil
 }
 
 // tryReadTxn sends a Try's read-only Txn (first), again after errors that

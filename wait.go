@@ -33,6 +33,10 @@ type waiter struct {
 	ww          *waitWatch
 	watches     []*blockerWatch
 	watchedFrom int64
+	// others watch the other keys of me's set (a MultiMutex waits for
+	// its names one at a time): any of them gone ends the wait as own
+	// does.
+	others []*keyWatch
 }
 
 // wait blocks until me's rule admits it, that is until this queue holds.
@@ -128,11 +132,15 @@ func (w *waiter) watchTurn(ctx context.Context) (*pb.ResponseHeader, error) {
 	// creation on: a deletion after me.rev is its end, and no read is
 	// needed for the time before the watch.
 	w.own, w.ww = q.s.watcher.watchOwn(q, w.me.rev, w.me.mode.Shared)
+	w.others = q.s.watcher.watchSet(q, w.ww, w.me.rev)
 	w.watches, w.watchedFrom = nil, 0
 	defer func() {
 		q.s.watcher.stopBlockers(w.watches)
 		q.s.watcher.stop(ctx, w.own)
-		w.own, w.ww, w.watches = nil, nil, nil
+		for _, kw := range w.others {
+			q.s.watcher.stop(ctx, kw)
+		}
+		w.own, w.ww, w.watches, w.others = nil, nil, nil, nil
 	}()
 	for {
 		keys := q.watched(w.read.blockers)
@@ -159,8 +167,8 @@ func (w *waiter) watchTurn(ctx context.Context) (*pb.ResponseHeader, error) {
 			}
 		}
 
-		if q.testHookWait != nil {
-			q.testHookWait(keys)
+		if hook := q.owner().testHookWait; hook != nil {
+			hook(keys)
 		}
 		at, gone, err := w.waitDelete(ctx)
 		if err != nil {
@@ -208,11 +216,11 @@ func (w *waiter) rewatch(ctx context.Context, keys []string) error {
 		for _, b := range w.watches[opened:] {
 			made = made && b.created != 0
 		}
-		gone, broken := ww.gone, ww.broken
+		gone, broken, lost := ww.gone, ww.broken, ww.lost
 		lw.mu.Unlock()
 		switch {
 		case gone:
-			return q.lostWhileWaiting(ctx)
+			return lost.lostWhileWaiting(ctx)
 		case broken:
 			return q.watchErr(ctx)
 		case made:
@@ -240,9 +248,10 @@ func (w *waiter) waitDelete(ctx context.Context) (int64, string, error) {
 	for {
 		lw.mu.Lock()
 		evs, gone, broken := ww.take()
+		lost := ww.lost
 		lw.mu.Unlock()
 		if gone {
-			return 0, "", w.q.lostWhileWaiting(ctx)
+			return 0, "", lost.lostWhileWaiting(ctx)
 		}
 		for i, e := range evs {
 			at, key, ok := w.blockerEvent(e)
@@ -366,10 +375,19 @@ func (w *waiter) confirm(ctx context.Context, minRev int64) (queueRead, error) {
 //go:noinline
 func (w *waiter) readIfMine(ctx context.Context, minRev int64, op func(...clientv3.OpOption) clientv3.Op) (*clientv3.TxnResponse, error) {
 	q := w.q
-	cmp := clientv3.Compare(clientv3.CreateRevision(q.key), "=", w.me.rev)
+	var cmps []clientv3.Cmp
+	var orElse []clientv3.Op
+	if q.set != nil {
+		// Every key of the set must still be mine: a name admitted
+		// earlier stays admitted only while its key does. If one is
+		// gone, the keys read say which.
+		cmps, orElse = q.ownCmps(w.me.rev), q.set.keyReads()
+	} else {
+		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(q.key), "=", w.me.rev)}
+	}
 	var resp *clientv3.TxnResponse
 	if minRev > 0 {
-		r, err := q.s.cli.Txn(ctx).If(cmp).Then(op(clientv3.WithSerializable())).Commit()
+		r, err := q.s.cli.Txn(ctx).If(cmps...).Then(op(clientv3.WithSerializable())).Else(orElse...).Commit()
 		if err != nil {
 			return nil, q.rpcErr(err)
 		}
@@ -378,14 +396,14 @@ func (w *waiter) readIfMine(ctx context.Context, minRev int64, op func(...client
 		}
 	}
 	if resp == nil {
-		r, err := q.s.cli.Txn(ctx).If(cmp).Then(op()).Commit()
+		r, err := q.s.cli.Txn(ctx).If(cmps...).Then(op()).Else(orElse...).Commit()
 		if err != nil {
 			return nil, q.rpcErr(err)
 		}
 		resp = r
 	}
 	if !resp.Succeeded {
-		return nil, q.lostWhileWaiting(ctx)
+		return nil, q.set.goneKey(q, w.me.rev, resp).lostWhileWaiting(ctx)
 	}
 	return resp, nil
 }

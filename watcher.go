@@ -102,6 +102,7 @@ type waitWatch struct {
 	events []watchedEvent // blockers' events not yet taken (take)
 	gone   bool           // the own key is gone, or the session ended
 	broken bool           // a blocker's watch ended without its event
+	lost   *queue         // set with gone: the queue whose key went (a part of a set's, or the waiter's)
 }
 
 // A watchedEvent is an event of a blocker's watch.
@@ -124,8 +125,8 @@ func (ww *waitWatch) take() (evs []watchedEvent, gone, broken bool) {
 func (kw *keyWatch) tell() {
 	if kw.b != nil {
 		kw.ww.broken = true
-	} else {
-		kw.ww.gone = true
+	} else if !kw.ww.gone {
+		kw.ww.gone, kw.ww.lost = true, kw.q
 	}
 	kw.ww.signal()
 }
@@ -201,6 +202,30 @@ func (w *sessionWatcher) watchOwn(q *queue, rev int64, puts bool) (*keyWatch, *w
 	return kw, ww
 }
 
+// watchSet starts watching, for a waiter in a part q of a set whose keys
+// were created at rev, the keys of the set's other parts, and returns the
+// watches: ww is told when one of them is gone, as when its own key is.
+// None for a queue not in a set.
+func (w *sessionWatcher) watchSet(q *queue, ww *waitWatch, rev int64) []*keyWatch {
+	if q.set == nil {
+		return nil
+	}
+	kws := make([]*keyWatch, 0, len(q.set.parts)-1)
+	for _, p := range q.set.parts {
+		if p == q {
+			continue
+		}
+		kw := &keyWatch{w: w, q: p, ww: ww, rev: rev, from: rev + 1}
+		if !w.add(kw) {
+			w.mu.Lock()
+			kw.tell()
+			w.mu.Unlock()
+		}
+		kws = append(kws, kw)
+	}
+	return kws
+}
+
 // watchBlocker starts watching key (a blocker of the waiter ww, or q's
 // prefix) from now on, and returns the watch. Its created revision is set
 // once etcd made it; its events are ww's; if it ends without its event
@@ -240,9 +265,10 @@ func (w *sessionWatcher) add(kw *keyWatch) bool {
 		w.watches = make(map[*keyWatch]struct{})
 	}
 	w.watches[kw] = struct{}{}
-	if kw.h != nil && kw.h.limit != nil {
+	if kw.h != nil && kw.h.limit != nil && kw.q.owner() == kw.q {
 		// The max hold ends the hold whatever the watch is doing, even
-		// waiting on a link that is cut.
+		// waiting on a link that is cut. (A set's hold has a watch for
+		// each key; the one of the set's lead keeps the timer.)
 		kw.h.limit.timer = time.AfterFunc(time.Until(kw.h.maxDeadline().Add(-kw.q.s.expiryMargin())), func() { w.expire(kw) })
 	}
 	if ws := w.ws; ws != nil {
@@ -315,7 +341,7 @@ func (w *sessionWatcher) drop(kw *keyWatch) bool {
 		cancel()
 		delete(w.alone, kw)
 	}
-	if kw.h != nil && kw.h.limit != nil && kw.h.limit.timer != nil {
+	if kw.h != nil && kw.h.limit != nil && kw.h.limit.timer != nil && kw.q.owner() == kw.q {
 		kw.h.limit.timer.Stop()
 	}
 	if kw.pause != nil {

@@ -82,6 +82,7 @@ etcdlock_hold_duration_seconds_count{end="key_deleted",kind="rwmutex_read"} 1
 # HELP etcdlock_holders Holds of this process, not yet released or known lost; for elections, the elections it leads.
 # TYPE etcdlock_holders gauge
 etcdlock_holders{kind="election"} 0
+etcdlock_holders{kind="multimutex"} 0
 etcdlock_holders{kind="mutex"} 0
 etcdlock_holders{kind="rwmutex_read"} 0
 etcdlock_holders{kind="rwmutex_write"} 0
@@ -105,6 +106,7 @@ etcdlock_sessions_ended_total{cause="not_renewed"} 1
 # HELP etcdlock_waiters Acquisitions under way in this process.
 # TYPE etcdlock_waiters gauge
 etcdlock_waiters{kind="election"} 0
+etcdlock_waiters{kind="multimutex"} 0
 etcdlock_waiters{kind="mutex"} 0
 etcdlock_waiters{kind="rwmutex_read"} 1
 etcdlock_waiters{kind="rwmutex_write"} 0
@@ -136,7 +138,7 @@ func TestZeroSeries(t *testing.T) {
 			causes = append(causes, c)
 		}
 	}
-	if len(kinds) != 5 || len(causes) != 5 {
+	if len(kinds) != 6 || len(causes) != 5 {
 		t.Fatalf("kinds %v, causes %v: check the lists of etcdlockprom", kinds, causes)
 	}
 	if n := testutil.CollectAndCount(m, "etcdlock_waiters", "etcdlock_holders"); n != 2*len(kinds) {
@@ -181,6 +183,7 @@ func TestLockNames(t *testing.T) {
 		} else {
 			// Every kind's series, from the start.
 			want += `etcdlock_waiters{kind="election"} 0
+etcdlock_waiters{kind="multimutex"} 0
 etcdlock_waiters{kind="mutex"} 1
 etcdlock_waiters{kind="rwmutex_read"} 0
 etcdlock_waiters{kind="rwmutex_write"} 0
@@ -207,14 +210,14 @@ func TestNameSeriesDeleted(t *testing.T) {
 		h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Outcome: etcdlock.Acquired})
 		series := 2 // the name's waiters and holders
 		if !names {
-			series = 10 // waiters and holders of each of 5 kinds
+			series = 12 // waiters and holders of each of 6 kinds
 		}
 		if got := testutil.CollectAndCount(m, "etcdlock_waiters", "etcdlock_holders"); got != series {
 			t.Fatalf("LockNames %v: %d gauge series with a waiter and a holder, want %d", names, got, series)
 		}
 		h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Outcome: etcdlock.AcquireCanceled})
 		h.HoldDone(etcdlock.HoldDoneInfo{LockInfo: lock, End: etcdlock.Released})
-		want := 10 // waiters and holders of each kind, at 0
+		want := 12 // waiters and holders of each kind, at 0
 		if names {
 			want = 0
 		}
