@@ -69,7 +69,28 @@ type prim interface {
 	Token() int64
 	Done() <-chan struct{}
 	Err() error
-	IsOwner() clientv3.Cmp
+}
+
+// primKeys returns every key of p's holds: a MultiMutex's keys, or its Key.
+func primKeys(p prim) []string {
+	if m, ok := p.(interface{ Keys() []string }); ok {
+		return m.Keys()
+	}
+	return []string{p.Key()}
+}
+
+// explMulti is a MultiMutex as a prim: its Key is its first.
+type explMulti struct{ *etcdlock.MultiMutex }
+
+func (m explMulti) Key() string { return m.Keys()[0] }
+
+// setLocker is what the MultiMutex schedules' actors run: a MultiMutex,
+// or a Mutex on one of its names.
+type setLocker interface {
+	Lock(ctx context.Context) error
+	TryLock(ctx context.Context) error
+	Unlock(ctx context.Context) error
+	Do(ctx context.Context, fn func(ctx context.Context) error) error
 }
 
 // An exploreOp is one operation an actor can run. arg is drawn for it: a
@@ -84,8 +105,12 @@ type exploreOp struct {
 // An exploreKind is a primitive as the explorer drives it.
 type exploreKind struct {
 	name string
-	mk   func(s *etcdlock.Session, name string) prim
-	ops  []exploreOp
+	// mk makes actor id's lock on name (whose names are names(name)).
+	mk  func(s *etcdlock.Session, name string, id int) prim
+	ops []exploreOp
+	// names are the lock names of a schedule on name, whose queues the
+	// checker reads: name alone, or a MultiMutex's names.
+	names func(name string) []string
 	// quick is what another actor runs inside an injection: a Try form,
 	// or a release.
 	quick []string
@@ -96,7 +121,7 @@ const semCapacity = 3
 var exploreKinds = []*exploreKind{
 	{
 		name: "Mutex",
-		mk:   func(s *etcdlock.Session, name string) prim { return etcdlock.NewMutex(s, name) },
+		mk:   func(s *etcdlock.Session, name string, _ int) prim { return etcdlock.NewMutex(s, name) },
 		ops: []exploreOp{
 			{"Lock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).Lock(ctx) }},
 			{"TryLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).TryLock(ctx) }},
@@ -109,7 +134,7 @@ var exploreKinds = []*exploreKind{
 	},
 	{
 		name: "RWMutex",
-		mk:   func(s *etcdlock.Session, name string) prim { return etcdlock.NewRWMutex(s, name) },
+		mk:   func(s *etcdlock.Session, name string, _ int) prim { return etcdlock.NewRWMutex(s, name) },
 		ops: []exploreOp{
 			{"Lock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.RWMutex).Lock(ctx) }},
 			{"TryLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.RWMutex).TryLock(ctx) }},
@@ -125,7 +150,7 @@ var exploreKinds = []*exploreKind{
 	},
 	{
 		name: "Semaphore",
-		mk:   func(s *etcdlock.Session, name string) prim { return etcdlock.NewSemaphore(s, name, semCapacity) },
+		mk:   func(s *etcdlock.Session, name string, _ int) prim { return etcdlock.NewSemaphore(s, name, semCapacity) },
 		ops: []exploreOp{
 			{"Acquire", true, false, func(ctx context.Context, a *actor, n int) error {
 				return a.p.(*etcdlock.Semaphore).Acquire(ctx, int64(1+n%semCapacity))
@@ -139,7 +164,7 @@ var exploreKinds = []*exploreKind{
 	},
 	{
 		name: "Election",
-		mk:   func(s *etcdlock.Session, name string) prim { return etcdlock.NewElection(s, name) },
+		mk:   func(s *etcdlock.Session, name string, _ int) prim { return etcdlock.NewElection(s, name) },
 		ops: []exploreOp{
 			{"Campaign", true, false, func(ctx context.Context, a *actor, n int) error {
 				return a.p.(*etcdlock.Election).Campaign(ctx, fmt.Sprintf("a%d-v%d", a.id, n%5))
@@ -151,6 +176,38 @@ var exploreKinds = []*exploreKind{
 		},
 		quick: []string{"Campaign", "Resign", "Proclaim"},
 	},
+	{
+		// Three names, the lock and two locks nested in it (so that a
+		// set's keys share a create revision in the lock's range): two
+		// sets that overlap, in different orders, and a Mutex on the
+		// name both share.
+		name:  "MultiMutex",
+		names: func(name string) []string { return []string{name, name + "/m", name + "/n"} },
+		mk: func(s *etcdlock.Session, name string, id int) prim {
+			switch id % 3 {
+			case 0:
+				return explMulti{etcdlock.NewMultiMutex(s, []string{name, name + "/m"})}
+			case 1:
+				return explMulti{etcdlock.NewMultiMutex(s, []string{name + "/n", name + "/m", name})}
+			}
+			return etcdlock.NewMutex(s, name+"/m")
+		},
+		ops: []exploreOp{
+			{"Lock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.set().Lock(ctx) }},
+			{"TryLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.set().TryLock(ctx) }},
+			{"Unlock", false, true, func(ctx context.Context, a *actor, _ int) error { return a.set().Unlock(ctx) }},
+			{"Do", false, false, func(ctx context.Context, a *actor, _ int) error { return a.set().Do(ctx, a.doFn) }},
+		},
+		quick: []string{"TryLock", "TryLock", "Unlock"},
+	},
+}
+
+// set returns a's lock in a MultiMutex schedule.
+func (a *actor) set() setLocker {
+	if m, ok := a.p.(explMulti); ok {
+		return m.MultiMutex
+	}
+	return a.p.(*etcdlock.Mutex)
 }
 
 // TestExplore runs the schedule explorer on each primitive, on the shared
@@ -223,6 +280,7 @@ type schedule struct {
 	seed   uint64
 	rng    *rand.Rand
 	name   string
+	names  []string         // the lock names whose queues are checked: name, or a MultiMutex's
 	admin  *clientv3.Client // the explorer's own: checks, foreign keys, compactions
 	actors []*actor
 	ctx    context.Context
@@ -258,7 +316,7 @@ type actor struct {
 
 // A belief is a hold an actor believes it has.
 type belief struct {
-	key   string
+	keys  []string // its key; a MultiMutex's keys
 	token int64
 	done  <-chan struct{}
 	by    string // the operation that took it
@@ -296,6 +354,10 @@ func runSchedule(t *testing.T, c *etcdtest.Cluster, k *exploreKind, seed uint64)
 		name:    fmt.Sprintf("explore/%s/m%d/%d", k.name, c.Size(), seed),
 		lost:    make(map[*belief]time.Time),
 		adopted: make(map[clientv3.LeaseID]bool),
+	}
+	x.names = []string{x.name}
+	if k.names != nil {
+		x.names = k.names(x.name)
 	}
 	x.ctx, x.cancel = context.WithCancel(context.Background())
 	defer x.cancel()
@@ -394,7 +456,7 @@ func (a *actor) newSession() {
 	}
 	a.mu.Lock()
 	a.s, a.sessions = s, append(a.sessions, s)
-	a.p = a.x.k.mk(s, a.x.name)
+	a.p = a.x.k.mk(s, a.x.name, a.id)
 	a.mu.Unlock()
 }
 
@@ -474,7 +536,7 @@ func (x *schedule) adopt(step int, a *actor, d draws) {
 		x.violation("a%d made a second live session on a%d's lease %x", a.id, b.id, int64(bs.Lease()))
 		a.mu.Lock()
 		a.s, a.sessions = s, append(a.sessions, s)
-		a.p = x.k.mk(s, x.name)
+		a.p = x.k.mk(s, x.name, a.id)
 		a.mu.Unlock()
 		return
 	}
@@ -526,7 +588,7 @@ func (x *schedule) start(step int, a *actor, op exploreOp, d draws) {
 // doFn is Do's fn: it holds until the actor's next turn.
 func (a *actor) doFn(ctx context.Context) error {
 	a.mu.Lock()
-	a.held = &belief{key: a.p.Key(), token: a.p.Token(), done: a.p.Done(), by: "Do"}
+	a.held = &belief{keys: primKeys(a.p), token: a.p.Token(), done: a.p.Done(), by: "Do"}
 	turn := a.turn
 	a.mu.Unlock()
 	select {
@@ -595,7 +657,7 @@ func (x *schedule) finish(a *actor, f *inflight, err error) {
 	a.op = nil
 	s := a.s
 	if f.op.acquire && err == nil {
-		a.held = &belief{key: a.p.Key(), token: a.p.Token(), done: a.p.Done(), by: f.name}
+		a.held = &belief{keys: primKeys(a.p), token: a.p.Token(), done: a.p.Done(), by: f.name}
 	}
 	a.mu.Unlock()
 	x.logf("  a%d: %s returned %v", a.id, f.name, err)
@@ -609,13 +671,15 @@ func (x *schedule) finish(a *actor, f *inflight, err error) {
 // noKeyLeft checks that a failed acquisition left no key: none of a's
 // session created since the operation began.
 func (x *schedule) noKeyLeft(a *actor, f *inflight) {
-	resp, err := x.admin.Get(x.ctx, a.p.Key())
-	if err != nil {
-		x.logf("  (could not look for a%d's key: %v)", a.id, err)
-		return
-	}
-	if len(resp.Kvs) > 0 && resp.Kvs[0].CreateRevision > f.rev {
-		x.violation("a%d's failed %s left its key %s (created at %d, after %d)", a.id, f.name, a.p.Key(), resp.Kvs[0].CreateRevision, f.rev)
+	for _, key := range primKeys(a.p) {
+		resp, err := x.admin.Get(x.ctx, key)
+		if err != nil {
+			x.logf("  (could not look for a%d's key: %v)", a.id, err)
+			return
+		}
+		if len(resp.Kvs) > 0 && resp.Kvs[0].CreateRevision > f.rev {
+			x.violation("a%d's failed %s left its key %s (created at %d, after %d)", a.id, f.name, key, resp.Kvs[0].CreateRevision, f.rev)
+		}
 	}
 }
 
@@ -649,50 +713,76 @@ func (x *schedule) check(where string) {
 		default:
 		}
 		bs = append(bs, believer{a, b})
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(b.key), "=", b.token))
+		for _, k := range b.keys {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", b.token))
+		}
 	}
+	// Every name checked is name or nested in it: one range reads them all.
 	get := clientv3.OpGet(x.name+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	resp, err := x.admin.Txn(x.ctx).If(cmps...).Then(get).Else(get).Commit()
 	if err != nil {
 		x.logf("  (check %s failed: %v)", where, err)
 		return
 	}
-	var modes []etcdlock.KeyMode
-	var children []string
+	rev := resp.Header.Revision
 	tokens := map[string]int64{}
+	type queueOf struct {
+		children, holders []string
+		modes             []etcdlock.KeyMode
+	}
+	queues := map[string]*queueOf{}
+	for _, n := range x.names {
+		queues[n] = &queueOf{}
+	}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		if name, ok := etcdlock.LockOfKey(string(kv.Key)); ok && name == x.name {
-			children = append(children, string(kv.Key))
-			modes = append(modes, etcdlock.ParseKeyMode(kv.Value))
+		if name, ok := etcdlock.LockOfKey(string(kv.Key)); ok && queues[name] != nil {
+			q := queues[name]
+			q.children = append(q.children, string(kv.Key))
+			q.modes = append(q.modes, etcdlock.ParseKeyMode(kv.Value))
 			tokens[string(kv.Key)] = kv.CreateRevision
 		}
 	}
-	holders := children[:etcdlock.Holders(modes)]
-	rev := resp.Header.Revision
+	for _, q := range queues {
+		q.holders = q.children[:etcdlock.Holders(q.modes)]
+	}
 	seen := map[string]int{}
+	believers := map[string]int{} // per name, believers whose key is present
 	for _, b := range bs {
-		present := tokens[b.b.key] == b.b.token
-		switch {
-		case present && !slices.Contains(holders, b.b.key):
-			x.violation("%s (rev %d): a%d believes it holds %s (token %d, by %s), but etcd's queue %v admits only %v",
-				where, rev, b.a.id, b.b.key, b.b.token, b.b.by, describe(children, modes), holders)
-		case !present:
+		// A hold of several keys is whole only while every key is its
+		// own: one gone is a loss of the hold.
+		present := true
+		for _, k := range b.b.keys {
+			present = present && tokens[k] == b.b.token
+		}
+		if !present {
 			x.mu.Lock()
 			if _, ok := x.lost[b.b]; !ok {
 				x.lost[b.b] = time.Now()
-				x.log = append(x.log, fmt.Sprintf("  a%d's hold %s (token %d) is gone at rev %d", b.a.id, b.b.key, b.b.token, rev))
+				x.log = append(x.log, fmt.Sprintf("  a%d's hold %v (token %d) is gone at rev %d", b.a.id, b.b.keys, b.b.token, rev))
 			}
 			x.mu.Unlock()
+			continue
 		}
-		if present {
-			if other, dup := seen[b.b.key]; dup {
-				x.violation("%s (rev %d): a%d and a%d both believe they hold %s", where, rev, other, b.a.id, b.b.key)
+		for _, k := range b.b.keys {
+			name, _ := etcdlock.LockOfKey(k)
+			q := queues[name]
+			if !slices.Contains(q.holders, k) {
+				x.violation("%s (rev %d): a%d believes it holds %s (token %d, by %s), but etcd's queue %v admits only %v",
+					where, rev, b.a.id, k, b.b.token, b.b.by, describe(q.children, q.modes), q.holders)
 			}
-			seen[b.b.key] = b.a.id
+			if other, dup := seen[k]; dup {
+				x.violation("%s (rev %d): a%d and a%d both believe they hold %s", where, rev, other, b.a.id, k)
+			}
+			seen[k] = b.a.id
+			believers[name]++
 		}
 	}
-	if resp.Succeeded && len(bs) > 1 && len(bs) > len(holders) {
-		x.violation("%s (rev %d): every believer's IsOwner holds in one Txn, %d of them, but only %v hold", where, rev, len(bs), holders)
+	if resp.Succeeded {
+		for name, n := range believers {
+			if n > 1 && n > len(queues[name].holders) {
+				x.violation("%s (rev %d): every believer's IsOwner holds in one Txn, %d of them on %s, but only %v hold", where, rev, n, name, queues[name].holders)
+			}
+		}
 	}
 	x.checkLost(10 * time.Second)
 }
@@ -719,7 +809,7 @@ func (x *schedule) checkLost(bound time.Duration) {
 		default:
 		}
 		if time.Since(at) > bound {
-			msg := fmt.Sprintf("the hold %s (token %d, by %s) is gone since %v, and its Done is still open", b.key, b.token, b.by, time.Since(at).Round(time.Millisecond))
+			msg := fmt.Sprintf("the hold %v (token %d, by %s) is gone since %v, and its Done is still open", b.keys, b.token, b.by, time.Since(at).Round(time.Millisecond))
 			x.bad = append(x.bad, msg)
 			x.log = append(x.log, "VIOLATION: "+msg)
 			delete(x.lost, b)
@@ -849,13 +939,14 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 		}
 		var ks []string
 		for _, kv := range resp.Kvs {
-			if name, ok := etcdlock.LockOfKey(string(kv.Key)); ok && name == x.name {
+			if name, ok := etcdlock.LockOfKey(string(kv.Key)); ok && slices.Contains(x.names, name) {
 				ks = append(ks, string(kv.Key))
 			}
 		}
-		// Mostly the key of the actor that makes the RPC: the one whose
+		// Mostly a key of the actor that makes the RPC: the one whose
 		// read is in progress.
-		key := target.p.Key()
+		own := primKeys(target.p)
+		key := own[d.pick2/3%len(own)]
 		if d.pick2%3 == 0 && len(ks) > 0 {
 			key = ks[d.pick2/3%len(ks)]
 		}
