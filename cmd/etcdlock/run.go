@@ -37,6 +37,12 @@ exclusive run excludes every other, and a waiter waits for those ahead of
 it, even where it would fit (no overtaking). 'etcdlock status' and
 'etcdlock ls' show each key's mode.
 
+With --also NAME2 (repeated for more names) it holds NAME and every NAME2
+at once, or none of them: a MultiMutex, whose keys join every name's queue
+in one write. Runs over overlapping names, given in any order, never
+deadlock, and each name stays first come, first served. The progress shown
+is NAME's queue.
+
 Without CMD, as 'etcdctl lock NAME', it prints the lock's key on standard
 output once it holds the lock, and holds it until SIGINT, SIGTERM or SIGHUP;
 then it releases the lock and exits 0, or exits 6 as soon as the lock is
@@ -45,6 +51,9 @@ lost.
 CMD finds in its environment:
   ETCDLOCK_NAME    the lock name
   ETCDLOCK_KEY     the lock key, NAME/<lease ID in hex>   (also ETCD_LOCK_KEY)
+  ETCDLOCK_NAMES   with --also: every name, NAME first, one per line
+  ETCDLOCK_KEYS    with --also: every key, in the order of the names, one
+                   per line; all share ETCDLOCK_TOKEN
   ETCDLOCK_TOKEN   the fencing token: the key's create revision, higher for
                    every later holder; pass it to what CMD writes to, so
                    that a stale holder can be refused
@@ -105,6 +114,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	var permits, capacity int64
 	fset.Int64Var(&permits, "permits", 0, "take `N` permits of a Semaphore (with --of): hold together while the permits fit its capacity")
 	fset.Int64Var(&capacity, "of", 0, "the Semaphore's capacity `C`, in permits (with --permits)")
+	var also []string
+	fset.Func("also", "also hold the lock `NAME2`, all at once with NAME (repeat for more names)", func(v string) error {
+		also = append(also, v)
+		return nil
+	})
 	pos, cmdArgs, dashed, err := parseArgs(fset, args, 1, runHelp, stdout)
 	if err != nil {
 		return err
@@ -132,10 +146,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := checkAlso(pos[0], also, mode); err != nil {
+		return err
+	}
 	if err := setupConn(fset, &conn, "run"); err != nil {
 		return err
 	}
-	r := &lockRun{conn: &conn, name: pos[0], ttl: ttl, stderr: stderr, mode: mode}
+	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode}
 	return r.main(cmdArgs, *try, timeout, *quiet, grace, stdout)
 }
 
@@ -162,6 +179,33 @@ func runMode(fset *flag.FlagSet, shared bool, permits, capacity int64) (etcdlock
 		return etcdlock.KeyMode{}, usageErr("run", "--permits must be from 1 to --of (%d), not %d", capacity, permits)
 	}
 	return etcdlock.KeyMode{Weight: permits, Capacity: capacity}, nil
+}
+
+// checkAlso returns a usage error for --also names that a MultiMutex over
+// name and them would refuse, or that go with another mode than
+// exclusive.
+func checkAlso(name string, also []string, mode etcdlock.KeyMode) error {
+	switch {
+	case len(also) == 0:
+		return nil
+	case !mode.Exclusive():
+		return usageErr("run", "--also takes exclusive locks only: not with --shared or --permits")
+	case len(also)+1 > etcdlock.MaxMultiNames:
+		return usageErr("run", "%d names, more than %d (one etcd Txn carries every key)", len(also)+1, etcdlock.MaxMultiNames)
+	}
+	seen := map[string]bool{name: true}
+	for _, n := range also {
+		switch {
+		case n == "":
+			return usageErr("run", "empty --also NAME")
+		case badName(n):
+			return usageErr("run", "--also NAME %q ends in \"/\" or contains \"//\": it would not be the lock it reads as", n)
+		case seen[n]:
+			return usageErr("run", "lock NAME %q given twice", n)
+		}
+		seen[n] = true
+	}
+	return nil
 }
 
 // main is what run and elect do once their flags are checked: look CMD
@@ -255,6 +299,9 @@ type lockRun struct {
 	// elect makes the run a candidate of the election name proposing
 	// value, rather than a locker of the lock name.
 	elect *candidacy
+	// also are the other names of a MultiMutex over name and them; nil
+	// for a lock of name alone.
+	also []string
 	// mode is what a locker takes: the lock alone (the zero KeyMode), a
 	// read lock (Shared), or permits (Weight of Capacity).
 	mode etcdlock.KeyMode
@@ -297,9 +344,24 @@ func (r *lockRun) newHold(s *etcdlock.Session) holdable {
 		return reader{etcdlock.NewRWMutex(s, r.name, id)}
 	case r.mode.Weight > 0:
 		return permits{etcdlock.NewSemaphore(s, r.name, r.mode.Capacity, id), r.mode.Weight}
+	case len(r.also) > 0:
+		return multi{etcdlock.NewMultiMutex(s, r.names(), id), r.name}
 	}
 	return etcdlock.NewMutex(s, r.name, id)
 }
+
+// names returns every name the run locks: NAME, then --also's.
+func (r *lockRun) names() []string { return append([]string{r.name}, r.also...) }
+
+// multi is a MultiMutex seen as a lock of its first name, for lockRun:
+// its Key and IsOwner are that name's.
+type multi struct {
+	*etcdlock.MultiMutex
+	name string
+}
+
+func (m multi) Key() string           { return m.Keys()[0] }
+func (m multi) IsOwner() clientv3.Cmp { return m.MultiMutex.IsOwner(m.name) }
 
 // A reader is an RWMutex's read lock seen as a lock, for lockRun.
 type reader struct{ *etcdlock.RWMutex }
@@ -321,8 +383,15 @@ func (p permits) Unlock(ctx context.Context) error  { return p.Release(ctx) }
 // what names what the run queues for, for messages: lock "NAME" or
 // election "NAME".
 func (r *lockRun) what() string {
-	if r.elect != nil {
+	switch {
+	case r.elect != nil:
 		return fmt.Sprintf("election %q", r.name)
+	case len(r.also) > 0:
+		quoted := make([]string, len(r.names()))
+		for i, n := range r.names() {
+			quoted[i] = strconv.Quote(n)
+		}
+		return "locks " + strings.Join(quoted, ", ")
 	}
 	return fmt.Sprintf("lock %q", r.name)
 }
@@ -428,9 +497,11 @@ func (r *lockRun) acquire(try bool, timeout time.Duration, quiet bool) error {
 		}
 		return nil
 	case errors.Is(err, etcdlock.ErrLocked):
-		return failf(exitHeld, "lock %q is held%s", r.name, r.describeHolder())
+		name, by := r.describeHolder()
+		return failf(exitHeld, "lock %q is held%s", name, by)
 	case timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return failf(exitTimeout, "timed out after %v waiting for lock %q, held%s", timeout, r.name, r.describeHolder())
+		name, by := r.describeHolder()
+		return failf(exitTimeout, "timed out after %v waiting for lock %q, held%s", timeout, name, by)
 	case r.m == nil:
 		return err // no session: startSession said why
 	default:
@@ -512,13 +583,25 @@ func (r *lockRun) restartSession(ctx context.Context) error {
 	}
 }
 
-// describeHolder names the holder of the lock, and how many wait, for a
-// message: who the holder says it is (etcdlock run's host and pid), with
-// its key and token; "" if that cannot be read within --command-timeout.
-func (r *lockRun) describeHolder() string {
+// describeHolder names the lock that keeps the run out (NAME, or with
+// --also the first of the names that has a holder) and its holder, and
+// how many wait, for a message: who the holder says it is (etcdlock run's
+// host and pid), with its key and token; "" if that cannot be read within
+// --command-timeout.
+func (r *lockRun) describeHolder() (name, by string) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.conn.commandTimeout)
 	defer cancel()
-	q, err := readQueue(ctx, r.cli, r.name, false)
+	for _, n := range r.names() {
+		if by := r.holderOf(ctx, n); by != "" {
+			return n, by
+		}
+	}
+	return r.name, ""
+}
+
+// holderOf is describeHolder for the lock name.
+func (r *lockRun) holderOf(ctx context.Context, name string) string {
+	q, err := readQueue(ctx, r.cli, name, false)
 	if err != nil || len(q.Keys) == 0 {
 		return ""
 	}
@@ -572,6 +655,12 @@ func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer
 		"ETCDLOCK_TOKEN="+token,
 		"ETCDLOCK_LEASE="+fmt.Sprintf("%x", int64(r.s.Lease())),
 	)
+	if m, ok := m.(multi); ok {
+		cmd.Env = append(cmd.Env,
+			"ETCDLOCK_NAMES="+strings.Join(r.names(), "\n"),
+			"ETCDLOCK_KEYS="+strings.Join(m.Keys(), "\n"),
+		)
+	}
 	if r.elect != nil {
 		cmd.Env = append(cmd.Env, "ETCDLOCK_VALUE="+r.elect.value)
 	} else {
