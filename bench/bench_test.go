@@ -316,3 +316,11 @@ func BenchmarkSemaphore(b *testing.B) {
 		b.Run(name, func(b *testing.B) { benchScenario(b, name) })
 	}
 }
+
+// BenchmarkMultiMutex: one hold over two names, our MultiMutex against a
+// Mutex per name locked in sorted order (etcd's, and ours).
+func BenchmarkMultiMutex(b *testing.B) {
+	for _, name := range []string{"multi-2-uncontended", "multi-2-contend-8", "pair-2-uncontended", "pair-2-contend-8"} {
+		b.Run(name, func(b *testing.B) { benchScenario(b, name) })
+	}
+}

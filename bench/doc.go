@@ -37,7 +37,12 @@
 //   - sem-fifo-100, sem-fifo-1000: fifo's queue of waiters for 1 of 4
 //     permits behind a holder of all 4; up to 4 hold at once (the order
 //     in which holders record themselves is not checked: it is not the
-//     order of admission). Compared with fifo-50 and sem-fifo-100.
+//     order of admission). Compared with fifo-50 and sem-fifo-100;
+//   - multi-2-uncontended, multi-2-contend-8: one hold over two names, our
+//     MultiMutex against etcd's Mutexes locked in sorted order, alone and
+//     with 8 contenders (half naming the names in the other order);
+//     pair-2-uncontended, pair-2-contend-8: our Mutexes locked in sorted
+//     order, compared with our MultiMutex.
 //
 // The idle command (go run ./bench/cmd/idle) measures something else:
 // what idle sessions cost to keep alive. It runs 100 and 1000 sessions of
