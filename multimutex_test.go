@@ -507,3 +507,29 @@ func TestMultiMutexSharedRevisionAtPageBoundary(t *testing.T) {
 	require.Greater(t, mu.Token(), token)
 	require.NoError(t, mu.Unlock(t.Context()))
 }
+
+// TestMultiMutexFIFO: sets and Mutexes queue on one name first come, first
+// served: each set also holds a name of its own (free), and waits for
+// the key just ahead in the shared queue; the queue drains in order, one
+// holder at a time, tokens rising (Redisson's MultiLock retries until it
+// gets every lock: whoever retries at the right moment wins).
+func TestMultiMutexFIFO(t *testing.T) {
+	t.Parallel()
+	clis := spreadClients(t, cluster, 3)
+	name := lockName(t)
+	holder := etcdlock.NewMutex(newSession(t, clis[0]), name)
+	require.NoError(t, holder.Lock(t.Context()))
+	qs := []fifoKey{{l: holder}}
+	for i := range 12 {
+		s := newSession(t, clis[i%len(clis)])
+		var l locker = etcdlock.NewMutex(s, name)
+		if i%2 == 0 {
+			m := etcdlock.NewMultiMutex(s, []string{fmt.Sprintf("%s/own%d", name, i), name})
+			l = multiL{m, m.Keys()[1]}
+		}
+		q := fifoKey{l: l, w: startL(t.Context(), l)}
+		require.Equal(t, []string{qs[len(qs)-1].l.Key()}, q.w.waitIdle(t), "waiter %d watches the key just ahead", i)
+		qs = append(qs, q)
+	}
+	checkFIFO(t, clis[0], name, qs, func(rest []int) int { return min(len(rest), 1) }, func([]int) int { return 0 })
+}
