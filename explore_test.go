@@ -188,7 +188,7 @@ var exploreKinds = []*exploreKind{
 			case 0:
 				return explMulti{etcdlock.NewMultiMutex(s, []string{name, name + "/m"})}
 			case 1:
-				return explMulti{etcdlock.NewMultiMutex(s, []string{name + "/n", name + "/m", name})}
+				return explMulti{etcdlock.NewMultiMutex(s, []string{name + "/m", name + "/n", name})}
 			}
 			return etcdlock.NewMutex(s, name+"/m")
 		},

@@ -533,3 +533,49 @@ func TestMultiMutexFIFO(t *testing.T) {
 	}
 	checkFIFO(t, clis[0], name, qs, func(rest []int) int { return min(len(rest), 1) }, func([]int) int { return 0 })
 }
+
+// TestMultiMutexOptions: WithMaxHold binds every key of a set to one
+// lease of its own, which ends the whole hold at the limit; WithIdentity
+// records the identity in every key.
+func TestMultiMutexOptions(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	names := multiNames(t, 3)
+	s := newSession(t, cli)
+	m := etcdlock.NewMultiMutex(s, names, etcdlock.WithMaxHold(2*time.Second), etcdlock.WithIdentity("host-a"))
+	require.NoError(t, m.Lock(t.Context()))
+	var lease int64
+	for _, k := range m.Keys() {
+		resp, err := cli.Get(t.Context(), k)
+		require.NoError(t, err)
+		require.Len(t, resp.Kvs, 1)
+		kv := resp.Kvs[0]
+		require.Equal(t, m.Token(), kv.CreateRevision)
+		require.NotEqual(t, int64(s.Lease()), kv.Lease, "%s is on the max hold lease", k)
+		if lease == 0 {
+			lease = kv.Lease
+		}
+		require.Equal(t, lease, kv.Lease, "every key on one lease")
+		require.Equal(t, "\nhost-a", string(kv.Value))
+	}
+	q, err := etcdlock.InspectLock(t.Context(), cli, names[1])
+	require.NoError(t, err)
+	require.Equal(t, "host-a", q.Keys[0].Identity)
+
+	select {
+	case <-m.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed 10s after Lock, with a max hold of 2s")
+	}
+	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+	require.NoError(t, s.Err(), "the session outlives the hold")
+	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+	require.Eventually(t, func() bool {
+		for _, n := range names {
+			if len(keys(t, cli, n)) > 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "keys left after the max hold")
+}
