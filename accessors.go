@@ -157,3 +157,23 @@ func (s *Semaphore) Key() string { return s.queue.Key() }
 // each other. Token returns 0 when no permits are held; after a loss it
 // returns the lost hold's token until Release.
 func (s *Semaphore) Token() int64 { return s.queue.Token() }
+
+// ReleaseRequested returns a channel closed when the current hold is asked
+// to release (RequestRelease). The request only asks: the lock stays held
+// until Unlock, and Do cancels fn only when made WithCancelOnRequest. A
+// request reaches only the holds current when it was made, never a later
+// hold of this Mutex. The first call of a hold starts watching for the
+// request (a goroutine, which ends with the hold's release or the
+// session). When nothing is held, it returns the last hold's channel, or
+// nil (never closed) if there was none.
+func (m *Mutex) ReleaseRequested() <-chan struct{} { return m.queue.ReleaseRequested() }
+
+// ReleaseRequested returns a channel closed when the current hold, a read
+// or a write lock, is asked to release (RequestRelease): a request reaches
+// every reader holding when it was made. See Mutex.ReleaseRequested.
+func (m *RWMutex) ReleaseRequested() <-chan struct{} { return m.queue.ReleaseRequested() }
+
+// ReleaseRequested returns a channel closed when the current hold of
+// permits is asked to release (RequestRelease): a request reaches every
+// holder of permits when it was made. See Mutex.ReleaseRequested.
+func (s *Semaphore) ReleaseRequested() <-chan struct{} { return s.queue.ReleaseRequested() }

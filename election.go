@@ -237,6 +237,12 @@ func (e *Election) Observe(ctx context.Context) iter.Seq2[Leader, error] {
 // leadership, or a closed channel if there was none.
 func (e *Election) Done() <-chan struct{} { return e.queue.Done() }
 
+// ReleaseRequested returns a channel closed when the current leadership is
+// asked to step down (RequestRelease on the election's name). The leader
+// decides: it stays the leader until Resign. Lead resigns by itself when
+// made with YieldOnRequest. See Mutex.ReleaseRequested.
+func (e *Election) ReleaseRequested() <-chan struct{} { return e.queue.ReleaseRequested() }
+
 // Err returns nil while e leads and after Resign, and an error matching
 // ErrLockLost once leadership ended involuntarily (until the next
 // Campaign), as Mutex.Err does.

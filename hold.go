@@ -36,6 +36,8 @@ type hold struct {
 
 	kind  Kind          // as acquired, for Hooks; set only when the session has events
 	since time.Duration // monotime of the acquisition; set only when the session has events
+
+	req *holdRequest // the watch of release requests, once ReleaseRequested asked; guarded by queue.mu
 }
 
 // holdLimit is the lease of its own that WithMaxHold gives a hold's key.
@@ -81,10 +83,7 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // when each renewal was sent and ends a margin before it runs out.
 func (q *queue) Done() <-chan struct{} {
 	q.mu.Lock()
-	h := q.h
-	if h == nil {
-		h = q.last
-	}
+	h := q.recent()
 	if h == nil || h.ended() && h.done == nil {
 		q.mu.Unlock()
 		return closedChan
@@ -109,6 +108,15 @@ func (q *queue) Done() <-chan struct{} {
 	return done
 }
 
+// recent returns the current hold, or the one that ended last, or nil.
+// Called with q.mu held.
+func (q *queue) recent() *hold {
+	if q.h != nil {
+		return q.h
+	}
+	return q.last
+}
+
 // Err returns nil while a hold lasts and after a plain release (Unlock,
 // RUnlock, Release), and an error matching ErrLockLost once a hold ended
 // involuntarily (until the next hold is taken). The end of the session and
@@ -118,10 +126,7 @@ func (q *queue) Done() <-chan struct{} {
 func (q *queue) Err() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	h := q.h
-	if h == nil {
-		h = q.last
-	}
+	h := q.recent()
 	if h == nil {
 		return nil
 	}
@@ -167,6 +172,10 @@ func (q *queue) do(ctx context.Context, mode KeyMode, fn func(ctx context.Contex
 	}
 	fctx, cancel := context.WithCancelCause(ctx)
 	lost := q.Done()
+	var asked <-chan struct{} // nil: never
+	if q.opts.cancelOnRequest {
+		asked = q.ReleaseRequested()
+	}
 	finished := make(chan struct{})
 	watcherDone := make(chan struct{})
 	go func() {
@@ -176,6 +185,8 @@ func (q *queue) do(ctx context.Context, mode KeyMode, fn func(ctx context.Contex
 			if err := q.Err(); err != nil {
 				cancel(err)
 			}
+		case <-asked:
+			cancel(errorf("%w: %s", ErrReleaseRequested, q.label()))
 		case <-finished:
 		}
 	}()

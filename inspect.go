@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -45,6 +46,12 @@ type QueueKey struct {
 	// were not read, see InspectLock).
 	TTL, GrantedTTL int64
 	LeaseErr        error
+
+	// ReleaseRequested says a holder was asked to release (RequestRelease)
+	// and has not yet: a request addressed to this hold is pending. Always
+	// false for a waiter, and when the request keys could not be read
+	// (no read permission on them).
+	ReleaseRequested bool
 }
 
 // A LockQueue is a lock's queue at one etcd revision: its holders, then
@@ -153,6 +160,9 @@ func InspectLock(ctx context.Context, cli *clientv3.Client, name string, opts ..
 		return nil, err
 	}
 	q.holders = markHolders(q.Keys)
+	if err := readRequests(ctx, cli, q, o); err != nil {
+		return nil, err
+	}
 	read := q.Keys
 	switch {
 	case o.noLeases || o.rev > 0:
@@ -218,6 +228,33 @@ func readQueue(ctx context.Context, cli *clientv3.Client, name string, o inspect
 			return nil, err
 		}
 	}
+}
+
+// readRequests marks the holders of q to which a release request is
+// addressed: one range over the lock's request keys, at q's revision. It
+// returns only ctx's error: without read permission on the request keys,
+// none is marked.
+func readRequests(ctx context.Context, cli *clientv3.Client, q *LockQueue, o inspectOptions) error {
+	if q.holders == 0 {
+		return nil
+	}
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithRev(q.Revision)}
+	if o.serializable {
+		opts = append(opts, clientv3.WithSerializable())
+	}
+	resp, err := cli.Get(ctx, requestKey(q.Name+"/"), opts...)
+	if err != nil {
+		return ctx.Err()
+	}
+	asked := make(map[string]string, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		asked[strings.TrimPrefix(string(kv.Key), ReleaseRequestPrefix)] = string(kv.Value)
+	}
+	for i := range q.Holders() {
+		k := &q.Keys[i]
+		k.ReleaseRequested = asked[k.Key] == strconv.FormatInt(k.Token, 10)
+	}
+	return nil
 }
 
 // queueKey is the QueueKey of a key read, with its holds and lease yet

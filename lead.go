@@ -19,6 +19,7 @@ type leadOptions struct {
 	session  []SessionOption
 	ttl      time.Duration // the TTL session sets: it bounds each Grant
 	observer func(Leader)
+	yield    bool // YieldOnRequest
 }
 
 // WithSessionOptions sets the options of the sessions Lead makes, one per
@@ -58,6 +59,21 @@ func WithObserver(f func(Leader)) LeadOption {
 	}
 }
 
+// YieldOnRequest makes Lead step down when its leadership is asked to
+// (RequestRelease on the election's name): it cancels fn's ctx with a
+// context.Cause matching ErrReleaseRequested, waits for fn to return,
+// resigns, so that the next candidate in line is elected at once, and
+// campaigns again at the back of the line. A deploy that asks the leader
+// to step down thus moves the leadership once, to the next in line.
+// Default: a request cancels nothing; fn may watch for it
+// (Term.ReleaseRequested) and decide.
+func YieldOnRequest() LeadOption {
+	return func(o *leadOptions) error {
+		o.yield = true
+		return nil
+	}
+}
+
 // A Term is one leadership won by Lead: the ctx Lead gives fn carries it
 // (TermFromContext). Its Leader is the leadership as won: Key, Lease and
 // Token are the leader key's, Value the value Lead campaigns with, and
@@ -69,6 +85,18 @@ func WithObserver(f func(Leader)) LeadOption {
 // it has accepted. Guard writes to etcd with IsOwner.
 type Term struct {
 	Leader
+	e *Election // the term's candidacy; nil in a Term Lead did not win
+}
+
+// ReleaseRequested returns a channel closed when the term is asked to end
+// (RequestRelease on the election's name): see Election.ReleaseRequested.
+// With YieldOnRequest, Lead also ends fn then. The zero Term's is nil,
+// which never closes.
+func (t Term) ReleaseRequested() <-chan struct{} {
+	if t.e == nil {
+		return nil
+	}
+	return t.e.ReleaseRequested()
 }
 
 // IsOwner returns a comparison that holds only while t's key exists
@@ -125,6 +153,10 @@ func TermFromContext(ctx context.Context) (Term, bool) {
 //     after the backoff: a Grant sent into a dead link never blocks Lead.
 //   - If fn returns while still the leader, Lead resigns and returns fn's
 //     error (nil included).
+//   - A request to step down (RequestRelease) closes the term's
+//     ReleaseRequested; with YieldOnRequest, Lead ends fn (cause
+//     ErrReleaseRequested), resigns, and campaigns again at once, at the
+//     back of the line.
 //   - When ctx ends, Lead waits for fn to return, resigns (the next
 //     candidate wins at once) and returns ctx's error.
 //   - Lead resigns before it ends the session, so that Hooks report the
@@ -187,6 +219,11 @@ func Lead(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 		if !again {
 			return err
 		}
+		if errors.Is(err, ErrReleaseRequested) {
+			// Yielded: the next candidate leads; join the line at once.
+			backoff = minBackoff
+			continue
+		}
 		if time.Since(started) > maxLeadBackoff {
 			backoff = minBackoff
 		}
@@ -223,11 +260,15 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 	// and only the resign after fn returns clears its hold, so these are
 	// this term's even after a loss. (Header is then never nil; a nil one
 	// would only leave Revision 0.)
-	won := Term{Leader{Key: e.Key(), Value: []byte(value), Lease: s.Lease(), Token: e.Token()}}
+	won := Term{Leader{Key: e.Key(), Value: []byte(value), Lease: s.Lease(), Token: e.Token()}, e}
 	if hdr := e.Header(); hdr != nil {
 		won.Revision = hdr.Revision
 	}
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, termKey{}, won))
+	var asked <-chan struct{} // nil: never
+	if o.yield {
+		asked = e.ReleaseRequested()
+	}
 	finished := make(chan struct{})
 	watcherDone := make(chan struct{})
 	go func() {
@@ -239,6 +280,8 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 				err = errorf("%w: leadership of %s ended", ErrLockLost, name)
 			}
 			cancel(err)
+		case <-asked:
+			cancel(errorf("%w: leadership of %s", ErrReleaseRequested, name))
 		case <-finished:
 		}
 	}()

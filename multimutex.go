@@ -149,6 +149,11 @@ func (m *MultiMutex) Done() <-chan struct{} { return m.q.Done() }
 // matching ErrLockLost once it ended involuntarily. See Mutex.Err.
 func (m *MultiMutex) Err() error { return m.q.Err() }
 
+// ReleaseRequested returns a channel closed when the current hold is asked
+// to release (RequestRelease) under any of its names. See
+// Mutex.ReleaseRequested.
+func (m *MultiMutex) ReleaseRequested() <-chan struct{} { return m.q.ReleaseRequested() }
+
 // Token returns the fencing token of the current hold: the create
 // revision its keys share. A hold admitted after one that shares a name
 // with it has a larger token, whether that one was a MultiMutex's or a

@@ -103,7 +103,10 @@ type mutexOptions struct {
 	kind     Kind // the primitive (KindRWMutexWrite for an RWMutex), for Hooks' events
 	maxHold  time.Duration
 	identity string // WithIdentity's; "" for none
-	err      error  // the first invalid option, reported by Lock and TryLock
+	// cancelOnRequest: Do cancels fn's ctx when the hold is asked to
+	// release (WithCancelOnRequest).
+	cancelOnRequest bool
+	err             error // the first invalid option, reported by Lock and TryLock
 }
 
 // A MutexOption configures NewMutex. An invalid value makes Lock and
@@ -150,6 +153,18 @@ func WithMaxHold(d time.Duration) MutexOption {
 			return errorf("%w: max hold %v is below the minimum %v", ErrInvalidOption, d, MinTTL)
 		}
 		o.maxHold = d
+		return nil
+	}
+}
+
+// WithCancelOnRequest makes Do cancel fn's ctx when the hold is asked to
+// release (RequestRelease), with a context.Cause matching
+// ErrReleaseRequested; Do then releases the lock once fn returns, as
+// always. Without it a request cancels nothing: fn may watch
+// ReleaseRequested itself. It changes only Do. Default: off.
+func WithCancelOnRequest() MutexOption {
+	return func(o *mutexOptions) error {
+		o.cancelOnRequest = true
 		return nil
 	}
 }

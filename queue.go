@@ -268,6 +268,9 @@ func checkLockName(name string) error {
 	case strings.Contains(name, "//"):
 		return errorf("%w: name %q contains \"//\"", ErrInvalidName, name)
 	}
+	if err := checkReserved(name); err != nil {
+		return err
+	}
 	return checkName(name)
 }
 

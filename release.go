@@ -293,7 +293,11 @@ func (q *queue) finishNow(ctx context.Context, h *hold) {
 	}
 	w := h.watch
 	more := q.set.takeWatches(h)
+	req := h.req
 	q.mu.Unlock()
+	if req != nil {
+		req.stop()
+	}
 	if w != nil {
 		q.s.watcher.stop(ctx, w)
 	}

@@ -1,0 +1,259 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Asking a holder to release. A request is a key of its own for each hold
+// it is addressed to: ReleaseRequestPrefix + the hold's key, whose value
+// is the hold's token (the key's create revision), bound to the hold
+// key's lease. Outside every lock's queue (see ReleaseRequestPrefix), it
+// never queues; naming the token, it reaches only the hold it was made
+// for, never a later hold of the same session on the same key; bound to
+// the lease, it goes with the holder's session.
+
+// ReleaseRequestPrefix starts the key of every release request:
+// ReleaseRequestPrefix + the holder's key (name/<lease ID in hex>). A
+// request key is never a key of a lock's queue: the calls that join a
+// queue refuse names that start with "__etcdlock/" (ErrInvalidName). Only
+// a lock that etcd's Mutex or `etcdctl lock` takes under such a name
+// would count requests as waiters.
+//
+// RequestRelease needs to read the lock's queue (read permission on
+// name + "/" and its range) and to write the request keys (write
+// permission on ReleaseRequestPrefix + name + "/" and its range); a
+// holder that asks ReleaseRequested needs read permission on the latter.
+const ReleaseRequestPrefix = reservedPrefix + "release/"
+
+// reservedPrefix starts names the library keeps for its own keys.
+const reservedPrefix = "__etcdlock/"
+
+// ErrNotHeld is returned by RequestRelease when nothing holds the lock.
+var ErrNotHeld = errors.New("etcdlock: lock is not held by anyone")
+
+// ErrReleaseRequested is the context.Cause of fn's ctx when Do (with
+// WithCancelOnRequest) or Lead (with YieldOnRequest) ended fn because the
+// hold was asked to release (RequestRelease).
+var ErrReleaseRequested = errors.New("etcdlock: release requested")
+
+// requestOps is the most holds one Txn of RequestRelease addresses: a
+// comparison and a Put each, within etcd's default --max-txn-ops (128).
+const requestOps = 64
+
+// RequestRelease asks the holders of the lock called name to release it:
+// every hold current when the request is made (the holder of a Mutex, a
+// MultiMutex holding the name, an election's leader, every reader holding
+// an RWMutex, every holder of a Semaphore's permits), and no later hold.
+// Each holder learns it from ReleaseRequested, and decides: nothing is
+// released by the request itself. It needs no Session.
+//
+// Asking again while a hold lasts is the same request. RequestRelease
+// returns nil once etcd has recorded the request for every hold current
+// at one revision, ErrNotHeld when nothing holds the lock, ErrInvalidName
+// for a name no lock can have, or etcd's error. It rides out errors that
+// pass while ctx lasts, and reads the queue again when a holder leaves
+// before the request is recorded.
+//
+// A holder that is not of this package (etcd's Mutex, `etcdctl lock`)
+// never reads the request; it goes with its lease.
+func RequestRelease(ctx context.Context, cli *clientv3.Client, name string) error {
+	if err := checkLockName(name); err != nil {
+		return err
+	}
+	backoff := minBackoff
+	for changed := 0; ; {
+		done, err := requestOnce(ctx, cli, name)
+		switch {
+		case err == nil && done:
+			return nil
+		case err == nil:
+			// A holder left (or its lease ended) before the request was
+			// recorded: the holders are others now.
+			if changed++; changed == 5 {
+				return errorf("etcdlock: the holders of %s kept changing", name)
+			}
+			continue
+		case !transient(err):
+			return err
+		}
+		if !pause(ctx, &backoff) {
+			return errors.Join(ctx.Err(), err)
+		}
+	}
+}
+
+// requestOnce reads name's holders and records a request for each, in
+// Txns guarded by each hold being current. It reports whether every
+// request was recorded.
+func requestOnce(ctx context.Context, cli *clientv3.Client, name string) (bool, error) {
+	q, err := InspectLock(ctx, cli, name, WithoutLeases())
+	if err != nil {
+		return false, err
+	}
+	holders := q.Holders()
+	if len(holders) == 0 {
+		return false, errorf("%w: %s", ErrNotHeld, name)
+	}
+	for len(holders) > 0 {
+		n := min(len(holders), requestOps)
+		var cmps []clientv3.Cmp
+		var puts []clientv3.Op
+		for _, h := range holders[:n] {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(h.Key), "=", h.Token))
+			if h.Lease != 0 { // without a lease, never a hold of this package
+				puts = append(puts, clientv3.OpPut(requestKey(h.Key), strconv.FormatInt(h.Token, 10), clientv3.WithLease(h.Lease)))
+			}
+		}
+		holders = holders[n:]
+		resp, err := cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			return false, nil // a holder's lease ended: read again
+		case err != nil:
+			return false, err
+		case !resp.Succeeded:
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// requestKey returns the key of a request addressed to a hold of key.
+func requestKey(key string) string { return ReleaseRequestPrefix + key }
+
+// A holdRequest is the watch of a hold's request keys that
+// ReleaseRequested started: a goroutine per key, which ends with the
+// hold's finishing (stop) or the session.
+type holdRequest struct {
+	ch     chan struct{} // closed when a request for the hold is seen
+	once   sync.Once
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// ReleaseRequested returns a channel closed when the current hold is asked
+// to release (RequestRelease). The first call of a hold starts watching
+// for the request: a goroutine per key of the hold (a MultiMutex has
+// several), which ends when the hold is released or lost and the release
+// ended, or the session ends. When nothing is held, it returns the channel
+// of the last hold, or nil (which never closes) if there was none.
+func (q *queue) ReleaseRequested() <-chan struct{} {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	h := q.recent()
+	if h == nil {
+		return nil
+	}
+	if h.req == nil {
+		h.req = &holdRequest{ch: make(chan struct{})}
+		if h.state < holdFinished {
+			q.watchRequests(h)
+		}
+	}
+	return h.req.ch
+}
+
+// watchRequests starts the goroutines that watch h's request keys, with
+// q.mu held. They are the session watcher's (its busy group), so that the
+// session's end waits for them.
+func (q *queue) watchRequests(h *hold) {
+	w := q.s.watcher
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return
+	}
+	ctx, cancel := context.WithCancel(q.s.watchCtx)
+	h.req.cancel = cancel
+	parts := []*queue{q}
+	if q.set != nil {
+		parts = q.set.parts
+	}
+	for _, p := range parts {
+		w.busy.Add(1)
+		h.req.wg.Add(1)
+		go func() {
+			defer w.busy.Done()
+			defer h.req.wg.Done()
+			if q.s.awaitRequest(ctx, requestKey(p.key), h.rev) {
+				h.req.once.Do(func() { close(h.req.ch) })
+			}
+		}()
+	}
+}
+
+// stop stops the watch of a hold's request keys, if any, and waits for
+// its goroutines.
+func (r *holdRequest) stop() {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.wg.Wait()
+}
+
+// awaitRequest waits until key holds a request for the hold of token: a
+// value that is the token. It reports false if ctx ends first. It watches
+// from the token's revision on (no request for the hold can be older);
+// when etcd has compacted that revision, it reads the key, and watches on
+// from after the read.
+func (s *Session) awaitRequest(ctx context.Context, key string, token int64) bool {
+	want := strconv.FormatInt(token, 10)
+	from := token + 1
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(requireLeader(ctx))
+		compacted := false
+		for wr := range s.cli.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterDelete()) {
+			if wr.CompactRevision != 0 {
+				compacted = true
+				break
+			}
+			for _, ev := range wr.Events {
+				if string(ev.Kv.Value) == want {
+					cancel()
+					return true
+				}
+				from = max(from, ev.Kv.ModRevision+1)
+			}
+		}
+		cancel()
+		if !compacted {
+			// The watch broke (a member without a leader, say): watch
+			// again after a pause, from where it was.
+			if !pauseUpTo(ctx, &backoff, time.Second) {
+				return false
+			}
+			continue
+		}
+		resp, err := s.cli.Get(ctx, key)
+		if err != nil {
+			if !pauseUpTo(ctx, &backoff, time.Second) {
+				return false
+			}
+			continue
+		}
+		if len(resp.Kvs) > 0 && string(resp.Kvs[0].Value) == want {
+			return true
+		}
+		from = resp.Header.Revision + 1
+	}
+	return false
+}
+
+// checkReserved returns ErrInvalidName for a name under the library's own
+// prefix, which no lock may take.
+func checkReserved(name string) error {
+	if strings.HasPrefix(name, reservedPrefix) {
+		return errorf("%w: names that start with %q are the library's own", ErrInvalidName, reservedPrefix)
+	}
+	return nil
+}

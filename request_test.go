@@ -1,0 +1,317 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// requested waits up to 10s for ch to close.
+func requested(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: ReleaseRequested not closed 10s after the request", what)
+	}
+}
+
+// notRequested asserts ch stays open for a moment: a request that is not
+// addressed to its hold must not close it. (It cannot fail when it
+// should not; a wrong close on a slow machine may be missed.)
+func notRequested(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatalf("%s: ReleaseRequested closed, but no request was addressed to it", what)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// requestKeys returns the request keys of the lock name in etcd.
+func requestKeys(t *testing.T, cli *clientv3.Client, name string) []string {
+	t.Helper()
+	resp, err := cli.Get(t.Context(), etcdlock.ReleaseRequestPrefix+name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	require.NoError(t, err)
+	var ks []string
+	for _, kv := range resp.Kvs {
+		ks = append(ks, string(kv.Key))
+	}
+	return ks
+}
+
+// TestRequestReleaseMutex: a request reaches the holder, once however
+// often it is made, and never its waiter, nor a later hold of the same
+// session on the same key. The request key is outside the lock's queue,
+// bound to the holder's lease.
+func TestRequestReleaseMutex(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	require.ErrorIs(t, etcdlock.RequestRelease(t.Context(), cli, name), etcdlock.ErrNotHeld)
+
+	hs := newSession(t, cli)
+	h := etcdlock.NewMutex(hs, name)
+	require.Nil(t, h.ReleaseRequested(), "no hold yet: a channel that never closes")
+	require.NoError(t, h.Lock(t.Context()))
+	asked := h.ReleaseRequested()
+	w := etcdlock.NewMutex(newSession(t, cli), name)
+	q := startWaiter(t.Context(), w)
+	q.waitIdle(t)
+
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name), "asking twice")
+	requested(t, asked, "holder")
+	require.Equal(t, []string{etcdlock.ReleaseRequestPrefix + h.Key()}, requestKeys(t, cli, name), "one request")
+	require.Equal(t, []string{h.Key(), w.Key()}, keys(t, cli, name), "the request is not in the queue")
+	resp, err := cli.Get(t.Context(), etcdlock.ReleaseRequestPrefix+h.Key())
+	require.NoError(t, err)
+	require.Equal(t, int64(hs.Lease()), resp.Kvs[0].Lease, "the request goes with the holder's lease")
+	require.Equal(t, fmt.Sprint(h.Token()), string(resp.Kvs[0].Value))
+
+	lq, err := etcdlock.InspectLock(t.Context(), cli, name, etcdlock.WithoutLeases())
+	require.NoError(t, err)
+	require.True(t, lq.Keys[0].ReleaseRequested, "InspectLock shows the pending request")
+	require.False(t, lq.Keys[1].ReleaseRequested)
+
+	// The request asks; it releases nothing.
+	q.assertWaiting(t)
+	require.NoError(t, h.Unlock(t.Context()))
+	require.NoError(t, q.result(t, 10*time.Second))
+	notRequested(t, w.ReleaseRequested(), "the next holder")
+	require.Equal(t, asked, h.ReleaseRequested(), "the last hold's channel")
+
+	// A later hold of the same session on the same key: the old request
+	// key is still there, and names the old token.
+	require.NoError(t, w.Unlock(t.Context()))
+	require.NoError(t, h.Lock(t.Context()))
+	again := h.ReleaseRequested()
+	require.NotEqual(t, asked, again)
+	_, err = cli.Put(t.Context(), etcdlock.ReleaseRequestPrefix+h.Key(), string(resp.Kvs[0].Value), clientv3.WithLease(hs.Lease()))
+	require.NoError(t, err)
+	notRequested(t, again, "a later hold, with the old request written again")
+	lq, err = etcdlock.InspectLock(t.Context(), cli, name, etcdlock.WithoutLeases())
+	require.NoError(t, err)
+	require.False(t, lq.Keys[0].ReleaseRequested, "an old request is not pending")
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+	requested(t, again, "the later hold, asked")
+	require.NoError(t, h.Unlock(t.Context()))
+
+	// The request goes with the session.
+	require.NoError(t, hs.Close())
+	require.Empty(t, requestKeys(t, cli, name))
+}
+
+// TestRequestReleaseEveryHolder: a request reaches every hold current when
+// it is made (the readers of an RWMutex, the holders of permits, a
+// MultiMutex holding the name, an election's leader), and no waiter.
+func TestRequestReleaseEveryHolder(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	t.Run("RWMutex", func(t *testing.T) {
+		name := lockName(t)
+		r1, r2 := etcdlock.NewRWMutex(newSession(t, cli), name), etcdlock.NewRWMutex(newSession(t, cli), name)
+		require.NoError(t, r1.RLock(t.Context()))
+		require.NoError(t, r2.RLock(t.Context()))
+		wr := etcdlock.NewRWMutex(newSession(t, cli), name)
+		q := startQ(t.Context(), wr, wr.Lock)
+		q.waitIdle(t)
+		require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+		requested(t, r1.ReleaseRequested(), "reader 1")
+		requested(t, r2.ReleaseRequested(), "reader 2")
+		require.NoError(t, r1.RUnlock(t.Context()))
+		require.NoError(t, r2.RUnlock(t.Context()))
+		require.NoError(t, q.result(t, 10*time.Second))
+		notRequested(t, wr.ReleaseRequested(), "the writer, waiting then")
+		require.NoError(t, wr.Unlock(t.Context()))
+	})
+	t.Run("Semaphore", func(t *testing.T) {
+		name := lockName(t)
+		a, b := etcdlock.NewSemaphore(newSession(t, cli), name, 3), etcdlock.NewSemaphore(newSession(t, cli), name, 3)
+		require.NoError(t, a.Acquire(t.Context(), 1))
+		require.NoError(t, b.Acquire(t.Context(), 2))
+		require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+		requested(t, a.ReleaseRequested(), "1 permit")
+		requested(t, b.ReleaseRequested(), "2 permits")
+		require.NoError(t, a.Release(t.Context()))
+		require.NoError(t, b.Release(t.Context()))
+	})
+	t.Run("MultiMutex", func(t *testing.T) {
+		names := multiNames(t, 2)
+		m := etcdlock.NewMultiMutex(newSession(t, cli), names)
+		require.NoError(t, m.Lock(t.Context()))
+		require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, names[1]))
+		requested(t, m.ReleaseRequested(), "a set, asked under its second name")
+		require.NoError(t, m.Unlock(t.Context()))
+	})
+	t.Run("Election", func(t *testing.T) {
+		name := lockName(t)
+		e := etcdlock.NewElection(newSession(t, cli), name)
+		require.NoError(t, e.Campaign(t.Context(), "a"))
+		asked := e.ReleaseRequested()
+		require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+		requested(t, asked, "leader")
+		require.NoError(t, e.Resign(t.Context()))
+	})
+	t.Run("EtcdMutex", func(t *testing.T) {
+		// Asking etcd's Mutex writes a request it never reads, which
+		// goes with its lease; its queue is not touched.
+		name := lockName(t)
+		es, err := concurrency.NewSession(cli)
+		require.NoError(t, err)
+		theirs := concurrency.NewMutex(es, name)
+		require.NoError(t, theirs.Lock(t.Context()))
+		require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+		require.Equal(t, []string{theirs.Key()}, keys(t, cli, name))
+		require.NoError(t, theirs.Unlock(t.Context()))
+		require.NoError(t, es.Close())
+		require.Empty(t, requestKeys(t, cli, name))
+	})
+}
+
+// TestRequestReleaseDo: Do cancels fn for a request only when made
+// WithCancelOnRequest, with ErrReleaseRequested as the cause; without it,
+// fn sees the request and decides.
+func TestRequestReleaseDo(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	s := newSession(t, cli)
+
+	m := etcdlock.NewMutex(s, name, etcdlock.WithCancelOnRequest())
+	err := m.Do(t.Context(), func(ctx context.Context) error {
+		if err := etcdlock.RequestRelease(ctx, cli, name); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+			return errors.New("fn's ctx not cancelled 10s after the request")
+		}
+		require.ErrorIs(t, context.Cause(ctx), etcdlock.ErrReleaseRequested)
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Empty(t, keys(t, cli, name), "Do released the lock")
+
+	plain := etcdlock.NewMutex(s, name)
+	err = plain.Do(t.Context(), func(ctx context.Context) error {
+		if err := etcdlock.RequestRelease(ctx, cli, name); err != nil {
+			return err
+		}
+		requested(t, plain.ReleaseRequested(), "Do's hold")
+		require.NoError(t, ctx.Err(), "fn's ctx cancelled without WithCancelOnRequest")
+		return nil
+	})
+	require.NoError(t, err)
+}
+
+// TestRequestReleaseNames: the library's own prefix is no lock's name.
+func TestRequestReleaseNames(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	s := newSession(t, cli)
+	for _, name := range []string{"", "a/", "__etcdlock/release/x"} {
+		require.ErrorIs(t, etcdlock.RequestRelease(t.Context(), cli, name), etcdlock.ErrInvalidName, "%q", name)
+	}
+	require.ErrorIs(t, etcdlock.NewMutex(s, "__etcdlock/x").Lock(t.Context()), etcdlock.ErrInvalidName)
+	require.ErrorIs(t, etcdlock.NewElection(s, "__etcdlock/x").Campaign(t.Context(), "v"), etcdlock.ErrInvalidName)
+}
+
+// TestLeadYieldOnRequest: three Lead loops made YieldOnRequest. Each
+// request moves the leadership once, to the next in line: fn's ctx ends
+// with ErrReleaseRequested, the next candidate's fn starts, and the one
+// that yielded rejoins at the back, so the leadership goes round. A Lead
+// without the option sees the request in its Term and goes on leading.
+func TestLeadYieldOnRequest(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	type start struct {
+		id    int
+		token int64
+	}
+	starts := make(chan start, 16)
+	causes := make(chan error, 16)
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(t.Context())
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	lead := func(id int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			etcdlock.Lead(ctx, newClient(t), name, fmt.Sprint(id), func(ctx context.Context) error {
+				term, _ := etcdlock.TermFromContext(ctx)
+				starts <- start{id, term.Token}
+				<-ctx.Done()
+				causes <- context.Cause(ctx)
+				return nil
+			}, etcdlock.YieldOnRequest(), etcdlock.WithSessionOptions(etcdlock.WithTTL(5*time.Second)))
+		}()
+	}
+	next := func() start {
+		t.Helper()
+		select {
+		case s := <-starts:
+			return s
+		case <-time.After(10 * time.Second):
+			t.Fatal("no leader 10s after the request")
+		}
+		return start{}
+	}
+	lead(0)
+	require.Equal(t, 0, next().id)
+	lead(1)
+	require.Eventually(t, func() bool { return len(keys(t, cli, name)) == 2 }, 10*time.Second, 5*time.Millisecond)
+	lead(2)
+	require.Eventually(t, func() bool { return len(keys(t, cli, name)) == 3 }, 10*time.Second, 5*time.Millisecond)
+
+	last := int64(0)
+	for i, want := range []int{1, 2, 0, 1} {
+		require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name), "request %d", i)
+		s := next()
+		require.Equal(t, want, s.id, "request %d moved the leadership to the next in line", i)
+		require.Greater(t, s.token, last)
+		last = s.token
+		require.ErrorIs(t, <-causes, etcdlock.ErrReleaseRequested)
+		select {
+		case s := <-starts:
+			t.Fatalf("request %d moved the leadership twice: %d leads too", i, s.id)
+		default:
+		}
+		// The one that yielded is back in line.
+		require.Eventually(t, func() bool { return len(keys(t, cli, name)) == 3 }, 10*time.Second, 5*time.Millisecond)
+	}
+
+	// Without the option, the request reaches fn through its Term, and
+	// ending the term is fn's choice.
+	other := lockName(t) + "-plain"
+	got := make(chan error, 1)
+	go func() {
+		got <- etcdlock.Lead(t.Context(), cli, other, "p", func(ctx context.Context) error {
+			term, _ := etcdlock.TermFromContext(ctx)
+			if err := etcdlock.RequestRelease(ctx, cli, other); err != nil {
+				return err
+			}
+			select {
+			case <-term.ReleaseRequested():
+			case <-time.After(10 * time.Second):
+				return errors.New("Term.ReleaseRequested not closed 10s after the request")
+			}
+			return ctx.Err() // still leading: nil, and Lead resigns and returns
+		})
+	}()
+	require.NoError(t, <-got)
+	require.Nil(t, etcdlock.Term{}.ReleaseRequested())
+}
