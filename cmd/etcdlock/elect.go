@@ -23,6 +23,10 @@ first served), runs CMD while it is the leader, resigns when CMD exits, and
 exits with CMD's exit code. VALUE defaults to HOST:PID, this host's name
 and etcdlock's process ID; it must not start with "etcdlock/1 ".
 
+With --on-release SIGNAL, a request to step down ('etcdlock release NAME')
+is passed on to CMD as SIGNAL: the leadership moves to the next candidate
+when CMD exits. Without it a request is ignored.
+
 Without CMD, as 'etcdctl elect NAME VALUE', it prints its key on standard
 output once it leads, and leads until SIGINT, SIGTERM or SIGHUP; then it
 resigns and exits 0, or exits 6 as soon as leadership is lost.
@@ -105,6 +109,7 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
 	listen := fset.Bool("listen", false, "do not campaign: print the leader and every change")
 	asJSON := fset.Bool("json", false, "with --listen, print JSON lines")
+	onRelease := onReleaseFlag(fset)
 
 	// NAME [VALUE] come before the "--" that starts CMD, so split there:
 	// without the split, 'elect NAME -- CMD' would read CMD as VALUE.
@@ -134,6 +139,8 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 		return usageErr("elect", "--json goes with --listen")
 	case *listen && (len(pos) > 1 || hasCmd):
 		return usageErr("elect", "--listen takes NAME only, no VALUE or CMD")
+	case *onRelease != nil && !hasCmd:
+		return usageErr("elect", "--on-release passes a request on to CMD: give CMD")
 	case ttl < etcdlock.MinTTL:
 		return usageErr("elect", "--ttl must be at least %v, not %v", etcdlock.MinTTL, ttl)
 	case grace < 0:
@@ -152,7 +159,7 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	if *listen {
 		return listenElection(&conn, pos[0], *asJSON, stdout, stderr)
 	}
-	r := &lockRun{conn: &conn, name: pos[0], ttl: ttl, stderr: stderr, elect: &candidacy{value: value}}
+	r := &lockRun{conn: &conn, name: pos[0], ttl: ttl, stderr: stderr, elect: &candidacy{value: value}, onRelease: *onRelease}
 	return r.main(cmdArgs, false, 0, *quiet, grace, stdout)
 }
 

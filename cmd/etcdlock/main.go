@@ -9,6 +9,7 @@
 //	etcdlock elect --listen [--json] NAME      print the leader of NAME and every change
 //	etcdlock status [flags] NAME               show the holders and the waiters of NAME (--watch: and every change)
 //	etcdlock ls [flags] PREFIX                 list every lock under PREFIX: holder, held for, waiters (--watch: and every change)
+//	etcdlock release [flags] NAME              ask the holders of NAME to release it (run and elect --on-release pass it on to CMD)
 //	etcdlock version                           show the versions of etcdlock, Go and the etcd client
 //
 // Locks are those of package etcdlock: the key NAME/<lease ID in hex>, bound
@@ -71,7 +72,7 @@
 //	1        an error from etcd or the system not covered below
 //	2        usage: unknown flag, missing NAME, bad value
 //	3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
-//	4        run --try: the lock is held or has waiters
+//	4        run --try: the lock is held or has waiters; release: nothing holds NAME
 //	5        run --timeout: gave up waiting
 //	6        run: the lock was lost while CMD ran (CMD was stopped), or while
 //	         held without CMD; elect: the same for leadership
@@ -117,7 +118,7 @@ const exitCodesHelp = `Exit codes:
   1        an error from etcd or the system not covered below
   2        usage: unknown flag, missing NAME, bad value
   3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
-  4        run --try: the lock is held or has waiters
+  4        run --try: the lock is held or has waiters; release: nothing holds NAME
   5        run --timeout: gave up waiting
   6        run: the lock was lost while CMD ran (CMD was stopped), or while
            held without CMD; elect: the same for leadership
@@ -146,6 +147,9 @@ Usage:
   etcdlock ls [flags] PREFIX                  list every lock under PREFIX: its
                                               holder, held for, waiters
                                               (--watch: and every change)
+  etcdlock release [flags] NAME               ask the holders of NAME to release it
+                                              (run and elect --on-release SIGNAL
+                                              pass the request on to CMD)
   etcdlock version                            show the versions of etcdlock, Go
                                               and the etcd client
   etcdlock help [COMMAND]                     show help
@@ -239,6 +243,8 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		return cmdStatus(rest, stdout, stderr)
 	case "ls":
 		return cmdLs(rest, stdout, stderr)
+	case "release":
+		return cmdRelease(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		return cmdVersion(rest, stdout)
 	case demoHolderCmd:

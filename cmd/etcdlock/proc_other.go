@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -52,3 +53,12 @@ func readPassword(*os.File, string, io.Writer) (password string, ok bool, err er
 // isTerminalDevice reports whether f is a terminal; here, where that is
 // not checked, never: output is plain lines.
 func isTerminalDevice(*os.File) bool { return false }
+
+// parseSignal reads --on-release's SIGNAL: here no signal can be sent to
+// CMD but an interrupt.
+func parseSignal(v string) (os.Signal, error) {
+	if v == "INT" || v == "SIGINT" {
+		return os.Interrupt, nil
+	}
+	return nil, errors.New("--on-release: only INT can be sent on this system")
+}

@@ -3,8 +3,11 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
 )
@@ -83,4 +86,23 @@ func sigName(sig os.Signal) string {
 		return "SIGHUP"
 	}
 	return sig.String()
+}
+
+// releaseSignals are the signals --on-release takes, by name.
+var releaseSignals = map[string]syscall.Signal{
+	"HUP": syscall.SIGHUP, "INT": syscall.SIGINT, "QUIT": syscall.SIGQUIT, "TERM": syscall.SIGTERM,
+	"USR1": syscall.SIGUSR1, "USR2": syscall.SIGUSR2, "WINCH": syscall.SIGWINCH, "ALRM": syscall.SIGALRM,
+}
+
+// parseSignal reads --on-release's SIGNAL: a name, with or without "SIG"
+// (TERM, SIGUSR1), or a number from 1 to 31.
+func parseSignal(v string) (os.Signal, error) {
+	name := strings.TrimPrefix(strings.ToUpper(v), "SIG")
+	if sig, ok := releaseSignals[name]; ok {
+		return sig, nil
+	}
+	if n, err := strconv.Atoi(v); err == nil && n >= 1 && n <= 31 {
+		return syscall.Signal(n), nil
+	}
+	return nil, fmt.Errorf("unknown signal %q (HUP, INT, QUIT, TERM, USR1, USR2, WINCH, ALRM, or a number)", v)
 }

@@ -43,6 +43,11 @@ in one write. Runs over overlapping names, given in any order, never
 deadlock, and each name stays first come, first served. The progress shown
 is NAME's queue.
 
+With --on-release SIGNAL, a request to release the lock ('etcdlock release
+NAME', or the library's RequestRelease) is passed on to CMD as SIGNAL: CMD
+decides, and the lock is released when CMD exits. Without it a request is
+ignored.
+
 Without CMD, as 'etcdctl lock NAME', it prints the lock's key on standard
 output once it holds the lock, and holds it until SIGINT, SIGTERM or SIGHUP;
 then it releases the lock and exits 0, or exits 6 as soon as the lock is
@@ -114,6 +119,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	var permits, capacity int64
 	fset.Int64Var(&permits, "permits", 0, "take `N` permits of a Semaphore (with --of): hold together while the permits fit its capacity")
 	fset.Int64Var(&capacity, "of", 0, "the Semaphore's capacity `C`, in permits (with --permits)")
+	onRelease := onReleaseFlag(fset)
 	var also []string
 	fset.Func("also", "also hold the lock `NAME2`, all at once with NAME (repeat for more names)", func(v string) error {
 		also = append(also, v)
@@ -152,7 +158,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if err := setupConn(fset, &conn, "run"); err != nil {
 		return err
 	}
-	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode}
+	if *onRelease != nil && len(cmdArgs) == 0 {
+		return usageErr("run", "--on-release passes a request on to CMD: give CMD")
+	}
+	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode, onRelease: *onRelease}
 	return r.main(cmdArgs, *try, timeout, *quiet, grace, stdout)
 }
 
@@ -179,6 +188,18 @@ func runMode(fset *flag.FlagSet, shared bool, permits, capacity int64) (etcdlock
 		return etcdlock.KeyMode{}, usageErr("run", "--permits must be from 1 to --of (%d), not %d", capacity, permits)
 	}
 	return etcdlock.KeyMode{Weight: permits, Capacity: capacity}, nil
+}
+
+// onReleaseFlag registers --on-release on fset: the signal that passes a
+// request to release (etcdlock release) on to CMD; nil when not given.
+func onReleaseFlag(fset *flag.FlagSet) *os.Signal {
+	sig := new(os.Signal)
+	fset.Func("on-release", "when asked to release ('etcdlock release NAME'), send CMD this `SIGNAL` (TERM, USR1, HUP...; default: none, the request is ignored)", func(v string) error {
+		s, err := parseSignal(v)
+		*sig = s
+		return err
+	})
+	return sig
 }
 
 // checkAlso returns a usage error for --also names that a MultiMutex over
@@ -302,6 +323,9 @@ type lockRun struct {
 	// also are the other names of a MultiMutex over name and them; nil
 	// for a lock of name alone.
 	also []string
+	// onRelease is sent to CMD when the hold is asked to release
+	// (--on-release); nil: a request is ignored.
+	onRelease os.Signal
 	// mode is what a locker takes: the lock alone (the zero KeyMode), a
 	// read lock (Shared), or permits (Weight of Capacity).
 	mode etcdlock.KeyMode
@@ -324,6 +348,7 @@ type holdable interface {
 	Unlock(ctx context.Context) error
 	Done() <-chan struct{}
 	Err() error
+	ReleaseRequested() <-chan struct{}
 	Token() int64
 	Key() string
 	Header() *pb.ResponseHeader
@@ -645,7 +670,11 @@ func (r *lockRun) release() error {
 // returns cmd's exit code as an exitError, or exitLost.
 func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer) error {
 	m, held, stderr := r.m, r.held(), r.stderr
-	lost := m.Done() // starts watching the hold now, before CMD runs
+	lost := m.Done()          // starts watching the hold now, before CMD runs
+	var asked <-chan struct{} // nil: a request is ignored
+	if r.onRelease != nil {
+		asked = m.ReleaseRequested()
+	}
 	cmdName := filepath.Base(cmd.Args[0])
 	token := strconv.FormatInt(m.Token(), 10)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
@@ -699,6 +728,10 @@ loop:
 			t := time.NewTimer(grace)
 			defer t.Stop()
 			killc = t.C
+		case <-asked:
+			asked = nil
+			fmt.Fprintf(stderr, "etcdlock: asked to release %s; sending %s %s\n", held, cmdName, sigName(r.onRelease))
+			signalCmd(cmd, r.onRelease, group)
 		case <-killc:
 			killc = nil
 			fmt.Fprintf(stderr, "etcdlock: %s still runs %v after SIGTERM; sending it SIGKILL\n", cmdName, grace)

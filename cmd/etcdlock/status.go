@@ -148,6 +148,9 @@ type holderJSON struct {
 	// election leader's proposal (etcdlock elect, etcdctl elect, etcd's
 	// and this package's Election), or whatever else the holder put.
 	Value *string `json:"value,omitempty"`
+	// ReleaseRequested: the holder was asked to release (etcdlock
+	// release) and has not yet.
+	ReleaseRequested bool `json:"release_requested,omitempty"`
 
 	leaseNote string // why LeaseTTL is absent, for the text output
 }
@@ -217,7 +220,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 		st.Waiters = append(st.Waiters, waiterJSON{Position: i + 1, Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode)})
 	}
 	for _, k := range q.Holders() {
-		h := &holderJSON{Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode)}
+		h := &holderJSON{Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), ReleaseRequested: k.ReleaseRequested}
 		switch {
 		case k.Lease == clientv3.NoLease:
 			h.leaseNote = "none: the key was not put by a lock client"
@@ -292,6 +295,11 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	}
 	tw.Flush()
 	printPermits(w, st)
+	for _, h := range st.Holders {
+		if h.ReleaseRequested {
+			fmt.Fprintf(w, "release requested: %s was asked to release (etcdlock release) and has not yet\n", h.Key)
+		}
+	}
 	if labels != nil {
 		return // the demo tells the rest itself
 	}
