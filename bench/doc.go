@@ -42,7 +42,10 @@
 //     MultiMutex against etcd's Mutexes locked in sorted order, alone and
 //     with 8 contenders (half naming the names in the other order);
 //     pair-2-uncontended, pair-2-contend-8: our Mutexes locked in sorted
-//     order, compared with our MultiMutex.
+//     order, compared with our MultiMutex;
+//   - lead-yield-3: three Lead loops made YieldOnRequest; the time from
+//     RequestRelease to the next leader's fn starting, which must be the
+//     next in line (ours only).
 //
 // The idle command (go run ./bench/cmd/idle) measures something else:
 // what idle sessions cost to keep alive. It runs 100 and 1000 sessions of

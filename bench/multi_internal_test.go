@@ -28,3 +28,17 @@ func TestMultiScenarios(t *testing.T) {
 		}
 	}
 }
+
+// TestLeadYieldScenario runs lead-yield-3, small: the leadership goes
+// round, once per request.
+func TestLeadYieldScenario(t *testing.T) {
+	env, err := NewEnv(t.TempDir(), 1)
+	require.NoError(t, err)
+	t.Cleanup(env.Close)
+	sc, ok := Lookup("lead-yield-3")
+	require.True(t, ok)
+	r, err := sc.Run(t.Context(), env, Etcdlock, 4, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, r.Ops)
+	require.Positive(t, r.Elapsed)
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 )
 
 // A Summary is the median, over rounds, of each per-operation figure of one
@@ -110,6 +111,15 @@ func RatioAtMost(x float64) Target {
 	return Target{
 		Text: fmt.Sprintf("ratio<=%.2f", x),
 		Met:  func(ours, theirs Summary) bool { return Ratio(ours, theirs) <= x },
+	}
+}
+
+// TimeAtMost is the goal that our time per operation is at most d,
+// whatever the comparison's.
+func TimeAtMost(d time.Duration) Target {
+	return Target{
+		Text: fmt.Sprintf("time<=%v", d),
+		Met:  func(ours, _ Summary) bool { return ours.NsPerOp <= float64(d) },
 	}
 }
 
