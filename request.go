@@ -94,10 +94,12 @@ func RequestRelease(ctx context.Context, cli *clientv3.Client, name string) erro
 // Txns guarded by each hold being current. It reports whether every
 // request was recorded.
 func requestOnce(ctx context.Context, cli *clientv3.Client, name string) (bool, error) {
-	q, err := InspectLock(ctx, cli, name, WithoutLeases())
+	// The queue alone: not its leases, nor the requests already made.
+	q, err := readQueue(ctx, cli, name, inspectOptions{})
 	if err != nil {
-		return false, err
+		return false, err // a compacted later page passes: read again
 	}
+	q.holders = markHolders(q.Keys)
 	holders := q.Holders()
 	if len(holders) == 0 {
 		return false, errorf("%w: %s", ErrNotHeld, name)
@@ -201,50 +203,46 @@ func (r *holdRequest) stop() {
 }
 
 // awaitRequest waits until key holds a request for the hold of token: a
-// value that is the token. It reports false if ctx ends first. It watches
-// from the token's revision on (no request for the hold can be older);
-// when etcd has compacted that revision, it reads the key, and watches on
-// from after the read.
+// value that is the token. It reports false if ctx ends first.
+//
+// The watch starts "now", so that etcd counts it as synced and sends the
+// request's event at once (a watch from an older revision waits for
+// etcd's next resync pass, up to 100 ms: see watchTurn); once etcd has
+// made it, one read of the key covers the time before. A watch that
+// breaks is made again the same way.
 func (s *Session) awaitRequest(ctx context.Context, key string, token int64) bool {
 	want := strconv.FormatInt(token, 10)
-	from := token + 1
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		wctx, cancel := context.WithCancel(requireLeader(ctx))
-		compacted := false
-		for wr := range s.cli.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterDelete()) {
-			if wr.CompactRevision != 0 {
-				compacted = true
+		for wr := range s.cli.Watch(wctx, key, clientv3.WithCreatedNotify(), clientv3.WithFilterDelete()) {
+			if wr.Canceled || wr.CompactRevision != 0 {
 				break
+			}
+			if wr.Created {
+				resp, err := s.cli.Get(wctx, key)
+				if err != nil {
+					break
+				}
+				if len(resp.Kvs) > 0 && string(resp.Kvs[0].Value) == want {
+					cancel()
+					return true
+				}
+				backoff = 50 * time.Millisecond
 			}
 			for _, ev := range wr.Events {
 				if string(ev.Kv.Value) == want {
 					cancel()
 					return true
 				}
-				from = max(from, ev.Kv.ModRevision+1)
 			}
 		}
 		cancel()
-		if !compacted {
-			// The watch broke (a member without a leader, say): watch
-			// again after a pause, from where it was.
-			if !pauseUpTo(ctx, &backoff, time.Second) {
-				return false
-			}
-			continue
+		// The watch broke (a member without a leader, say), or its read
+		// failed: watch again after a pause.
+		if !pauseUpTo(ctx, &backoff, time.Second) {
+			return false
 		}
-		resp, err := s.cli.Get(ctx, key)
-		if err != nil {
-			if !pauseUpTo(ctx, &backoff, time.Second) {
-				return false
-			}
-			continue
-		}
-		if len(resp.Kvs) > 0 && string(resp.Kvs[0].Value) == want {
-			return true
-		}
-		from = resp.Header.Revision + 1
 	}
 	return false
 }
