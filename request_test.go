@@ -9,9 +9,12 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // requested waits up to 10s for ch to close.
@@ -314,4 +317,120 @@ func TestLeadYieldOnRequest(t *testing.T) {
 	}()
 	require.NoError(t, <-got)
 	require.Nil(t, etcdlock.Term{}.ReleaseRequested())
+}
+
+// TestRequestReleaseSchedules injects faults at the RPCs of RequestRelease:
+// the read of the queue, then the guarded write. The invariant, checked
+// against etcd: the request reaches the holds current when it is
+// recorded, and no other.
+func TestRequestReleaseSchedules(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+
+	// The holder releases, and its waiter takes over, between the read
+	// and the write: the write's guard fails, and the request goes to
+	// the new holder.
+	t.Run("HandoverBetween", func(t *testing.T) {
+		name := lockName(t)
+		h := etcdlock.NewMutex(newSession(t, cli), name)
+		require.NoError(t, h.Lock(t.Context()))
+		old := h.ReleaseRequested()
+		w := etcdlock.NewMutex(newSession(t, cli), name)
+		q := startWaiter(t.Context(), w)
+		q.waitIdle(t)
+
+		var in etcdtest.Injector
+		asker := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+		fired := in.At(etcdtest.Nth(2, unary), etcdtest.Action{Before: func(etcdtest.RPC) {
+			if err := h.Unlock(t.Context()); err != nil {
+				t.Errorf("holder's Unlock: %v", err)
+			}
+			if err := q.result(t, 10*time.Second); err != nil {
+				t.Errorf("waiter's Lock: %v", err)
+			}
+		}})
+		require.NoError(t, etcdlock.RequestRelease(t.Context(), asker, name))
+		<-fired
+		requested(t, w.ReleaseRequested(), "the holder when the request was recorded")
+		notRequested(t, old, "the holder when the queue was read, released before the write")
+		require.Equal(t, []string{etcdlock.ReleaseRequestPrefix + w.Key()}, requestKeys(t, cli, name))
+		require.NoError(t, w.Unlock(t.Context()))
+	})
+
+	// The write's answer is lost after etcd applied it, or the write
+	// fails before: either way it is sent again, and is one request.
+	for _, c := range []struct {
+		name string
+		act  etcdtest.Action
+	}{
+		{"AnswerLost", etcdtest.Action{After: func(_ etcdtest.RPC, err error) error {
+			if err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "test: the answer was lost")
+		}}},
+		{"Failed", etcdtest.Action{Fail: status.Error(codes.Unknown, "raft proposal dropped")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			name := lockName(t)
+			h := etcdlock.NewMutex(newSession(t, cli), name)
+			require.NoError(t, h.Lock(t.Context()))
+			var in etcdtest.Injector
+			asker := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+			fired := in.At(etcdtest.Nth(2, unary), c.act)
+			require.NoError(t, etcdlock.RequestRelease(t.Context(), asker, name))
+			<-fired
+			requested(t, h.ReleaseRequested(), "holder")
+			require.Equal(t, []string{etcdlock.ReleaseRequestPrefix + h.Key()}, requestKeys(t, cli, name))
+			require.NoError(t, h.Unlock(t.Context()))
+		})
+	}
+}
+
+// TestReleaseRequestedCompaction: a holder that asks ReleaseRequested
+// long after its hold began, with the history since compacted, still
+// sees a request, and does not take an old one for it.
+func TestReleaseRequestedCompaction(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	s := newSession(t, cli)
+	h := etcdlock.NewMutex(s, name)
+	require.NoError(t, h.Lock(t.Context()))
+	// An old request, for an earlier token of the same key.
+	_, err := cli.Put(t.Context(), etcdlock.ReleaseRequestPrefix+h.Key(), fmt.Sprint(h.Token()-1), clientv3.WithLease(s.Lease()))
+	require.NoError(t, err)
+	resp, err := cli.Get(t.Context(), "\x00")
+	require.NoError(t, err)
+	_, err = cli.Compact(t.Context(), resp.Header.Revision)
+	require.NoError(t, err)
+	asked := h.ReleaseRequested()
+	notRequested(t, asked, "a request for another token")
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+	requested(t, asked, "holder, after a compaction")
+	require.NoError(t, h.Unlock(t.Context()))
+}
+
+// TestReleaseRequestedWatchSchedules: a holder asks ReleaseRequested after
+// the request was made, so only the read that follows its watch's
+// creation can see it, and that read fails: the holder watches and reads
+// again, and sees the request.
+func TestReleaseRequestedWatchSchedules(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	var in etcdtest.Injector
+	hcli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+	h := etcdlock.NewMutex(newSession(t, hcli), name)
+	require.NoError(t, h.Lock(t.Context()))
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+	fired := in.At(etcdtest.Nth(1, unary), etcdtest.Action{Fail: status.Error(codes.Unknown, "raft proposal dropped")})
+	asked := h.ReleaseRequested()
+	select {
+	case <-fired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder's read after its watch was never sent")
+	}
+	requested(t, asked, "holder whose first read failed")
+	require.NoError(t, h.Unlock(t.Context()))
 }
