@@ -25,6 +25,7 @@ type locker interface {
 	Err() error
 	Key() string
 	Token() int64
+	ReleaseRequested() <-chan struct{}
 	etcdlock.Hooked
 }
 
@@ -210,6 +211,26 @@ func TestContractDoneOnLoss(t *testing.T) {
 				require.Zero(t, l.Token())
 			})
 		}
+	})
+}
+
+// TestContractReleaseRequest: a request to release reaches the holder,
+// not the waiter, and not the waiter's hold once it takes over.
+func TestContractReleaseRequest(t *testing.T) {
+	forEach(t, func(t *testing.T, fl flavor) {
+		cli := newClient(t)
+		name := lockName(t)
+		h := fl.holder(newSession(t, cli), name)
+		require.NoError(t, h.Lock(t.Context()))
+		w := fl.waiter(newSession(t, cli), name)
+		q := startL(t.Context(), w)
+		q.waitIdle(t)
+		require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+		requested(t, h.ReleaseRequested(), "holder")
+		require.NoError(t, h.Unlock(t.Context()))
+		require.NoError(t, q.result(t, 10*time.Second))
+		notRequested(t, w.ReleaseRequested(), "the waiter, holding now")
+		require.NoError(t, w.Unlock(t.Context()))
 	})
 }
 
