@@ -38,3 +38,18 @@ func SessionGiveUp(s *Session) time.Time {
 // self makes a MultiMutex Hooked: its hooks are its lead part's, which
 // every part's waiter calls.
 func (m *MultiMutex) self() *queue { return &m.q }
+
+// SawGoneMidRelease reports whether the loss watch of the hold that l
+// releases saw its key (a key of a set) go while a release attempt was in
+// flight.
+func SawGoneMidRelease(l interface{ self() *queue }) bool {
+	q := l.self()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, h := range []*hold{q.h, q.last} {
+		if h != nil && h.attempts == attemptGoneInFlight {
+			return true
+		}
+	}
+	return false
+}

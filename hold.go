@@ -227,9 +227,11 @@ func (q *queue) lose(h *hold, cause error) {
 	if ended {
 		q.reportEnd(h, err)
 	}
-	if ended && err != nil && q.set != nil {
-		// One key of the set went: the others would keep their names'
-		// queues waiting until Unlock, or the session's end.
+	if ended && q.set != nil {
+		// One key of the set went (a loss, or during a release whose
+		// outcome is unknown): the others would keep their names'
+		// queues waiting until the session's end. The releaser deletes
+		// those still the hold's; Unlock does not wait for it.
 		q.s.releaser.addSweep(q, h)
 	}
 	if releasing {

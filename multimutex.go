@@ -130,8 +130,13 @@ func (m *MultiMutex) TryLock(ctx context.Context) error { return m.q.lock(ctx, K
 // Unlock releases every name: one Txn deletes each key that is still the
 // key this hold created (same create revision), so it can never delete
 // another holder's key. It returns ErrLockLost when any of the keys was
-// gone before Unlock began (the others are deleted). Otherwise, see
-// Mutex.Unlock.
+// gone before Unlock began: at once when the loss was known (the session's
+// releaser deletes the other keys, as it does as soon as the loss is
+// seen, Unlock or not), else once its Txn found the key gone (and deleted
+// the others). A key of the set seen gone while a delete's outcome is
+// unknown does not end the release, as it does a Mutex's: the other keys
+// may still be there, so the delete is sent until etcd answers.
+// Otherwise, see Mutex.Unlock.
 func (m *MultiMutex) Unlock(ctx context.Context) error { return m.q.unlock(ctx, nil, "Unlock") }
 
 // Do locks m, runs fn, and unlocks m. fn's ctx is cancelled the moment

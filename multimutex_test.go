@@ -13,8 +13,11 @@ import (
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // startMulti starts m.Lock(ctx) in a goroutine.
@@ -42,6 +45,20 @@ func keyRevs(t *testing.T, cli *clientv3.Client, keys []string) []int64 {
 		}
 	}
 	return revs
+}
+
+// eventuallyEmpty asserts that within 10s no key is left under any of the
+// names: a set lost with one key has the others deleted in the background.
+func eventuallyEmpty(t *testing.T, cli *clientv3.Client, names []string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for _, n := range names {
+			if len(keys(t, cli, n)) > 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "keys left under %v", names)
 }
 
 // allEmpty asserts no key is left under any of the names.
@@ -304,7 +321,7 @@ func TestMultiMutexLosesOneKey(t *testing.T) {
 		require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
 		require.ErrorContains(t, m.Err(), m.Keys()[i], "the error names the key that went")
 		require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
-		allEmpty(t, cli, names)
+		eventuallyEmpty(t, cli, names)
 	}
 
 	// Without Done, Unlock finds the loss itself.
@@ -570,12 +587,70 @@ func TestMultiMutexOptions(t *testing.T) {
 	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
 	require.NoError(t, s.Err(), "the session outlives the hold")
 	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
-	require.Eventually(t, func() bool {
-		for _, n := range names {
-			if len(keys(t, cli, n)) > 0 {
-				return false
+	eventuallyEmpty(t, cli, names)
+}
+
+// TestMultiMutexKeyGoesDuringRelease: while Unlock's delete is in flight,
+// one key of the set is deleted by someone else and the loss watch sees
+// it; then the delete fails, its outcome unknown. For a Mutex the key seen
+// gone ends the release; for a set the other keys may still be there, so
+// the release goes on until etcd answers, and leaves no key. Before, Unlock
+// returned nil and left them, blocking their names until the session
+// ended.
+func TestMultiMutexKeyGoesDuringRelease(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	names := multiNames(t, 3)
+	var in etcdtest.Injector
+	hcli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+	m := etcdlock.NewMultiMutex(newSession(t, hcli), names)
+	require.NoError(t, m.Lock(t.Context()))
+	m.Done() // the loss watches
+	var saw bool
+	fired := in.At(etcdtest.Nth(1, unary), etcdtest.Action{
+		Before: func(etcdtest.RPC) {
+			if _, err := cli.Delete(t.Context(), m.Keys()[1]); err != nil {
+				t.Errorf("delete: %v", err)
+				return
 			}
-		}
-		return true
-	}, 10*time.Second, 20*time.Millisecond, "keys left after the max hold")
+			deadline := time.Now().Add(10 * time.Second)
+			for !saw && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+				saw = etcdlock.SawGoneMidRelease(m)
+			}
+		},
+		Fail: status.Error(codes.Unavailable, "test: the delete's outcome is unknown"),
+	})
+	require.NoError(t, m.Unlock(t.Context()))
+	<-fired
+	require.True(t, saw, "the loss watch did not see the key go while the delete was in flight")
+	allEmpty(t, cli, names)
+}
+
+// TestMultiMutexKeyGoesAfterRefusedUnlock: etcd refuses Unlock's delete (a
+// permission denied: the set stays held, as a Mutex does), then one key
+// of the set is deleted by someone else. The hold ends, not known to be
+// lost (the refused delete may have been applied); the set's other keys
+// are deleted too, and the next Unlock ends it. Before, they stayed until
+// the session ended.
+func TestMultiMutexKeyGoesAfterRefusedUnlock(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	names := multiNames(t, 3)
+	var in etcdtest.Injector
+	hcli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+	m := etcdlock.NewMultiMutex(newSession(t, hcli), names)
+	require.NoError(t, m.Lock(t.Context()))
+	done := m.Done()
+	in.At(etcdtest.Nth(1, unary), etcdtest.Action{Fail: rpctypes.ErrGRPCPermissionDenied})
+	require.ErrorIs(t, m.Unlock(t.Context()), rpctypes.ErrPermissionDenied)
+	_, err := cli.Delete(t.Context(), m.Keys()[1])
+	require.NoError(t, err)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed 10s after a key went")
+	}
+	eventuallyEmpty(t, cli, names)
+	require.NoError(t, m.Unlock(t.Context()))
 }

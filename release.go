@@ -76,11 +76,6 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		if ended {
 			q.reportEnd(h, err)
 		}
-		if q.set != nil && q.s.Err() == nil {
-			// The set's other keys may remain (the releaser deletes
-			// them too): delete them before Unlock returns.
-			q.sweepNow(ctx, h)
-		}
 		if h.maxLease() == 0 || !q.s.releaser.add(q, h, true) {
 			q.finishNow(ctx, h)
 		}
@@ -156,9 +151,10 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 	goneMid := h.attemptAnswered()
 	q.mu.Unlock()
 	switch {
-	case err == nil && resp.Succeeded, err != nil && goneMid:
+	case err == nil && resp.Succeeded, err != nil && goneMid && q.set == nil:
 		// Deleted (for a set, every key), or the loss watch saw the key
-		// go meanwhile.
+		// go meanwhile. (For a set, one key seen gone says nothing of
+		// the others: only an answer ends its release.)
 		return true, q.endRelease(ctx, h, nil, false, op)
 	case err == nil && first:
 		// No attempt of ours can have deleted the key (for a set, one
@@ -479,12 +475,4 @@ func (q *queue) sweep(h *hold) bool {
 	defer cancel()
 	_, err := q.releaseTxn(actx, h.rev)
 	return err == nil || q.s.Err() != nil
-}
-
-// sweepNow is sweep, with ctx, for Unlock: one attempt, bounded by
-// cleanupTimeout. If it fails, the releaser's sweep goes on.
-func (q *queue) sweepNow(ctx context.Context, h *hold) {
-	cctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
-	defer cancel()
-	q.releaseTxn(cctx, h.rev)
 }
