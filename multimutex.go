@@ -468,10 +468,10 @@ func (q *queue) deletes(rev int64) []clientv3.Op {
 
 // keyReads returns reads of every key of the set, keys only: what a
 // waiter's check reads when one of them is no longer its own.
-func (set *multiSet) keyReads() []clientv3.Op {
+func (set *multiSet) keyReads(opts ...clientv3.OpOption) []clientv3.Op {
 	ops := make([]clientv3.Op, len(set.parts))
 	for i, p := range set.parts {
-		ops[i] = clientv3.OpGet(p.key, clientv3.WithKeysOnly())
+		ops[i] = clientv3.OpGet(p.key, append([]clientv3.OpOption{clientv3.WithKeysOnly()}, opts...)...)
 	}
 	return ops
 }

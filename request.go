@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,6 +53,9 @@ const requestOps = 64
 // every hold current when the request is made (the holder of a Mutex, a
 // MultiMutex holding the name, an election's leader, every reader holding
 // an RWMutex, every holder of a Semaphore's permits), and no later hold.
+// A MultiMutex at the head of the name's queue holds the name for
+// everyone else even while it still waits for its other names: a request
+// made then is addressed to it, and it sees it once it holds.
 // Each holder learns it from ReleaseRequested, and decides: nothing is
 // released by the request itself. It needs no Session.
 //
@@ -75,10 +79,14 @@ func RequestRelease(ctx context.Context, cli *clientv3.Client, name string) erro
 		case err == nil && done:
 			return nil
 		case err == nil:
-			// A holder left (or its lease ended) before the request was
-			// recorded: the holders are others now.
+			// A holder left (or its lease ended), or readers or permits
+			// joined the holders, before the request was recorded: the
+			// holders are others now.
 			if changed++; changed == 5 {
 				return errorf("etcdlock: the holders of %s kept changing", name)
+			}
+			if !pause(ctx, &backoff) {
+				return ctx.Err()
 			}
 			continue
 		case !transient(err):
@@ -104,9 +112,21 @@ func requestOnce(ctx context.Context, cli *clientv3.Client, name string) (bool, 
 	if len(holders) == 0 {
 		return false, errorf("%w: %s", ErrNotHeld, name)
 	}
+	// Holders that share the lock (readers, permits) admit more holders
+	// as keys join, with no holder leaving: then nothing under the prefix
+	// may have changed since the read either. Exclusive holders admit no
+	// one while they stay.
+	var shared []clientv3.Cmp
+	for _, h := range holders {
+		if !h.Mode.Exclusive() {
+			shared = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(name+"/"), "<", q.Revision+1).WithPrefix()}
+			break
+		}
+	}
+	asked := 0
 	for len(holders) > 0 {
 		n := min(len(holders), requestOps)
-		var cmps []clientv3.Cmp
+		cmps := slices.Clone(shared)
 		var puts []clientv3.Op
 		for _, h := range holders[:n] {
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(h.Key), "=", h.Token))
@@ -115,6 +135,7 @@ func requestOnce(ctx context.Context, cli *clientv3.Client, name string) (bool, 
 			}
 		}
 		holders = holders[n:]
+		asked += len(puts)
 		resp, err := cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
 		switch {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
@@ -124,6 +145,9 @@ func requestOnce(ctx context.Context, cli *clientv3.Client, name string) (bool, 
 		case !resp.Succeeded:
 			return false, nil
 		}
+	}
+	if asked == 0 {
+		return false, errorf("%w: %s is held only by keys without a lease, which no holder of this package reads", ErrNotHeld, name)
 	}
 	return true, nil
 }

@@ -434,3 +434,53 @@ func TestReleaseRequestedWatchSchedules(t *testing.T) {
 	requested(t, asked, "holder whose first read failed")
 	require.NoError(t, h.Unlock(t.Context()))
 }
+
+// TestRequestReleaseReaderJoins: a reader is admitted among the holding
+// readers between RequestRelease's read of the queue and its write: the
+// request reaches it too, as a hold current when the request was recorded
+// (the write is guarded by the queue's prefix when holders share the
+// lock, and the queue is read again).
+func TestRequestReleaseReaderJoins(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	r1 := etcdlock.NewRWMutex(newSession(t, cli), name)
+	require.NoError(t, r1.RLock(t.Context()))
+	r2 := etcdlock.NewRWMutex(newSession(t, cli), name)
+	var in etcdtest.Injector
+	asker := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+	fired := in.At(etcdtest.Nth(2, unary), etcdtest.Action{Before: func(etcdtest.RPC) {
+		if err := r2.RLock(t.Context()); err != nil {
+			t.Errorf("second reader: %v", err)
+		}
+	}})
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), asker, name))
+	<-fired
+	requested(t, r1.ReleaseRequested(), "the reader holding when the queue was read")
+	requested(t, r2.ReleaseRequested(), "the reader admitted before the request was recorded")
+	require.NoError(t, r1.RUnlock(t.Context()))
+	require.NoError(t, r2.RUnlock(t.Context()))
+}
+
+// TestRequestReleaseWaitingSet: a MultiMutex at the head of a name's queue
+// holds that name for everyone else while it waits for its other names;
+// a request on that name is addressed to it, and it sees it once it holds
+// (as documented on RequestRelease).
+func TestRequestReleaseWaitingSet(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	names := multiNames(t, 2)
+	b := etcdlock.NewMutex(newSession(t, cli), names[1])
+	require.NoError(t, b.Lock(t.Context()))
+	m := etcdlock.NewMultiMutex(newSession(t, cli), names)
+	q := startMulti(t.Context(), m)
+	q.waitIdle(t)
+	lq, err := etcdlock.InspectLock(t.Context(), cli, names[0], etcdlock.WithoutLeases())
+	require.NoError(t, err)
+	require.Equal(t, m.Keys()[0], lq.Holders()[0].Key, "the waiting set holds the first name")
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, names[0]))
+	require.NoError(t, b.Unlock(t.Context()))
+	require.NoError(t, q.result(t, 10*time.Second))
+	requested(t, m.ReleaseRequested(), "the set, asked while it held the first name only")
+	require.NoError(t, m.Unlock(t.Context()))
+}

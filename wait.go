@@ -387,7 +387,13 @@ func (w *waiter) readIfMine(ctx context.Context, minRev int64, op func(...client
 	}
 	var resp *clientv3.TxnResponse
 	if minRev > 0 {
-		r, err := q.s.cli.Txn(ctx).If(cmps...).Then(op(clientv3.WithSerializable())).Else(orElse...).Commit()
+		// etcd serves a Txn as a read of the member's own state only if
+		// every range in it, the Else's too, is serializable.
+		serial := orElse
+		if q.set != nil {
+			serial = q.set.keyReads(clientv3.WithSerializable())
+		}
+		r, err := q.s.cli.Txn(ctx).If(cmps...).Then(op(clientv3.WithSerializable())).Else(serial...).Commit()
 		if err != nil {
 			return nil, q.rpcErr(err)
 		}

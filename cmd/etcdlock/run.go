@@ -221,6 +221,8 @@ func checkAlso(name string, also []string, mode etcdlock.KeyMode) error {
 			return usageErr("run", "empty --also NAME")
 		case badName(n):
 			return usageErr("run", "--also NAME %q ends in \"/\" or contains \"//\": it would not be the lock it reads as", n)
+		case strings.HasPrefix(n, "__etcdlock/"):
+			return usageErr("run", "--also NAME %q: names that start with \"__etcdlock/\" are the library's own", n)
 		case seen[n]:
 			return usageErr("run", "lock NAME %q given twice", n)
 		}
