@@ -590,6 +590,18 @@ func TestMultiMutexOptions(t *testing.T) {
 	eventuallyEmpty(t, cli, names)
 }
 
+// heldSet returns a client of the shared etcd, and a MultiMutex over 3
+// names that holds them, whose session's client has the Injector given.
+func heldSet(t *testing.T) (*clientv3.Client, *etcdtest.Injector, *etcdlock.MultiMutex, []string) {
+	t.Helper()
+	names := multiNames(t, 3)
+	in := new(etcdtest.Injector)
+	hcli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+	m := etcdlock.NewMultiMutex(newSession(t, hcli), names)
+	require.NoError(t, m.Lock(t.Context()))
+	return newClient(t), in, m, names
+}
+
 // TestMultiMutexKeyGoesDuringRelease: while Unlock's delete is in flight,
 // one key of the set is deleted by someone else and the loss watch sees
 // it; then the delete fails, its outcome unknown. For a Mutex the key seen
@@ -599,12 +611,7 @@ func TestMultiMutexOptions(t *testing.T) {
 // ended.
 func TestMultiMutexKeyGoesDuringRelease(t *testing.T) {
 	t.Parallel()
-	cli := newClient(t)
-	names := multiNames(t, 3)
-	var in etcdtest.Injector
-	hcli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
-	m := etcdlock.NewMultiMutex(newSession(t, hcli), names)
-	require.NoError(t, m.Lock(t.Context()))
+	cli, in, m, names := heldSet(t)
 	m.Done() // the loss watches
 	var saw bool
 	fired := in.At(etcdtest.Nth(1, unary), etcdtest.Action{
@@ -635,12 +642,7 @@ func TestMultiMutexKeyGoesDuringRelease(t *testing.T) {
 // the session ended.
 func TestMultiMutexKeyGoesAfterRefusedUnlock(t *testing.T) {
 	t.Parallel()
-	cli := newClient(t)
-	names := multiNames(t, 3)
-	var in etcdtest.Injector
-	hcli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
-	m := etcdlock.NewMultiMutex(newSession(t, hcli), names)
-	require.NoError(t, m.Lock(t.Context()))
+	cli, in, m, names := heldSet(t)
 	done := m.Done()
 	in.At(etcdtest.Nth(1, unary), etcdtest.Action{Fail: rpctypes.ErrGRPCPermissionDenied})
 	require.ErrorIs(t, m.Unlock(t.Context()), rpctypes.ErrPermissionDenied)
