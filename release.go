@@ -326,8 +326,9 @@ type pending struct {
 	q    *queue
 	h    *hold
 	tidy bool
-	// sweep: h is a set's hold lost with one of its keys; delete the
-	// others (see multiSet.lost). It leaves the hold to its owner.
+	// sweep: h is a set's hold that ended with one of its keys gone;
+	// delete the others still h's (see queue.lose). It leaves the hold
+	// to its owner.
 	sweep bool
 }
 
@@ -344,8 +345,8 @@ func (r *releaser) add(q *queue, h *hold, tidy bool) bool {
 	return r.addLocked(pending{q: q, h: h, tidy: tidy})
 }
 
-// addSweep has the releaser delete the keys of the set's hold h, lost
-// with one of them, that are still h's. It reports false, and takes
+// addSweep has the releaser delete the keys of the set's hold h, which
+// ended with one of them gone, that are still h's. It reports false, and takes
 // nothing, once the session has ended: the keys go with the lease.
 func (r *releaser) addSweep(q *queue, h *hold) bool {
 	r.mu.Lock()
@@ -464,8 +465,8 @@ func (q *queue) step(h *hold, tidy bool) bool {
 	return done
 }
 
-// sweep is one round of the releaser for a set's hold h, lost with one of
-// its keys: it deletes each other key still h's. It reports whether that
+// sweep is one round of the releaser for a set's hold h, which ended with
+// one of its keys gone: it deletes each other key still h's. It reports whether that
 // is done.
 func (q *queue) sweep(h *hold) bool {
 	if q.s.Err() != nil {
