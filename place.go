@@ -200,9 +200,9 @@ func (q *queue) fail(ctx context.Context, rev int64, err error) error {
 }
 
 // remove deletes this queue's key (for a set, each of its keys) if its
-// create revision is rev (by name when rev is 0), with a context that is not the cancelled one (writeCtx):
-// a key left behind would block the queue for as long as the session
-// lives. It sends the Delete again after an error that passes (retryable),
+// create revision is rev (by name when rev is 0), with a context that is
+// not the cancelled one (writeCtx): a key left behind would block the
+// queue for as long as the session lives. It sends the Delete again after an error that passes (retryable),
 // which is safe however many land, while the session lasts. Once the
 // session has ended the key goes with the lease, and remove returns nil.
 func (q *queue) remove(ctx context.Context, rev int64) error {
