@@ -69,6 +69,7 @@ type prim interface {
 	Token() int64
 	Done() <-chan struct{}
 	Err() error
+	ReleaseRequested() <-chan struct{}
 }
 
 // primKeys returns every key of p's holds: a MultiMutex's keys, or its Key.
@@ -296,6 +297,10 @@ type schedule struct {
 	leaders []etcdlock.Leader         // what Observe yielded
 	obsDone chan struct{}             // closed when the observer returned
 	adopted map[clientv3.LeaseID]bool // leases an actor adopted (a violation of its own)
+	// requests counts the release requests made (RequestRelease), and
+	// asks are the holds current throughout one, which must be told.
+	requests int
+	asks     map[*belief]time.Time
 }
 
 // An actor is one client and session and its lock.
@@ -319,7 +324,12 @@ type belief struct {
 	keys  []string // its key; a MultiMutex's keys
 	token int64
 	done  <-chan struct{}
-	by    string // the operation that took it
+	asked <-chan struct{} // ReleaseRequested
+	// reqs is how many release requests had been made when the
+	// operation that took the hold began: ReleaseRequested may close
+	// only if more were made since.
+	reqs int
+	by   string // the operation that took it
 }
 
 // inflight is an operation an actor runs.
@@ -329,6 +339,7 @@ type inflight struct {
 	cancel context.CancelFunc
 	done   chan error
 	rev    int64 // etcd's revision when it began
+	reqs   int   // release requests made when it began
 }
 
 func (x *schedule) logf(format string, args ...any) {
@@ -353,6 +364,7 @@ func runSchedule(t *testing.T, c *etcdtest.Cluster, k *exploreKind, seed uint64)
 		rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		name:    fmt.Sprintf("explore/%s/m%d/%d", k.name, c.Size(), seed),
 		lost:    make(map[*belief]time.Time),
+		asks:    make(map[*belief]time.Time),
 		adopted: make(map[clientv3.LeaseID]bool),
 	}
 	x.names = []string{x.name}
@@ -572,7 +584,7 @@ func (x *schedule) start(step int, a *actor, op exploreOp, d draws) {
 		x.logf("step %d: a%d: (taken meanwhile by %s)", step, a.id, busy)
 		return
 	}
-	f := &inflight{name: op.name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision()}
+	f := &inflight{name: op.name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision(), reqs: x.requestCount()}
 	a.op = f
 	if op.name == "Do" {
 		a.turn = make(chan struct{})
@@ -587,8 +599,13 @@ func (x *schedule) start(step int, a *actor, op exploreOp, d draws) {
 
 // doFn is Do's fn: it holds until the actor's next turn.
 func (a *actor) doFn(ctx context.Context) error {
+	asked := a.p.ReleaseRequested()
 	a.mu.Lock()
-	a.held = &belief{keys: primKeys(a.p), token: a.p.Token(), done: a.p.Done(), by: "Do"}
+	reqs := 0
+	if a.op != nil {
+		reqs = a.op.reqs
+	}
+	a.held = &belief{keys: primKeys(a.p), token: a.p.Token(), done: a.p.Done(), asked: asked, reqs: reqs, by: "Do"}
 	turn := a.turn
 	a.mu.Unlock()
 	select {
@@ -653,11 +670,21 @@ func (x *schedule) collect() {
 // finish records the result err of a's operation f.
 func (x *schedule) finish(a *actor, f *inflight, err error) {
 	f.cancel()
+	var asked <-chan struct{}
+	if f.op.acquire && err == nil {
+		asked = a.p.ReleaseRequested()
+	}
 	a.mu.Lock()
 	a.op = nil
 	s := a.s
 	if f.op.acquire && err == nil {
-		a.held = &belief{keys: primKeys(a.p), token: a.p.Token(), done: a.p.Done(), by: f.name}
+		b := &belief{keys: primKeys(a.p), token: a.p.Token(), done: a.p.Done(), asked: asked, reqs: f.reqs, by: f.name}
+		if a.held != nil && a.held.token == b.token {
+			// The same hold (a Campaign of the leader returns at once):
+			// a request made since it began is its own.
+			b.reqs = min(b.reqs, a.held.reqs)
+		}
+		a.held = b
 	}
 	a.mu.Unlock()
 	x.logf("  a%d: %s returned %v", a.id, f.name, err)
@@ -777,6 +804,19 @@ func (x *schedule) check(where string) {
 			believers[name]++
 		}
 	}
+	x.mu.Lock()
+	requests := x.requests
+	x.mu.Unlock()
+	for _, b := range bs {
+		select {
+		case <-b.b.asked:
+			if requests == b.b.reqs {
+				x.violation("%s: a%d's hold %v (token %d, by %s) was told to release, but no request was made since its acquisition began",
+					where, b.a.id, b.b.keys, b.b.token, b.b.by)
+			}
+		default:
+		}
+	}
 	if resp.Succeeded {
 		for name, n := range believers {
 			if n > 1 && n > len(queues[name].holders) {
@@ -785,6 +825,71 @@ func (x *schedule) check(where string) {
 		}
 	}
 	x.checkLost(10 * time.Second)
+	x.checkAsks(10 * time.Second)
+}
+
+// requestCount returns how many release requests were made so far.
+func (x *schedule) requestCount() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.requests
+}
+
+// checkAsks reports a hold current throughout a release request, still
+// held and still not told of it bound after the request.
+func (x *schedule) checkAsks(bound time.Duration) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for b, at := range x.asks {
+		select {
+		case <-b.asked:
+			delete(x.asks, b)
+			continue
+		case <-b.done:
+			delete(x.asks, b) // it ended: nothing to release
+			continue
+		default:
+		}
+		if time.Since(at) > bound {
+			msg := fmt.Sprintf("the hold %v (token %d, by %s) was current throughout a release request %v ago, and its ReleaseRequested is still open", b.keys, b.token, b.by, time.Since(at).Round(time.Millisecond))
+			x.bad = append(x.bad, msg)
+			x.log = append(x.log, "VIOLATION: "+msg)
+			delete(x.asks, b)
+		}
+	}
+}
+
+// currentHolds returns the beliefs whose keys are all their own in etcd
+// now, that hold a key of the lock name.
+func (x *schedule) currentHolds(ctx context.Context, name string) (map[*belief]bool, error) {
+	resp, err := x.admin.Get(ctx, x.name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, err
+	}
+	tokens := map[string]int64{}
+	for _, kv := range resp.Kvs {
+		tokens[string(kv.Key)] = kv.CreateRevision
+	}
+	cur := map[*belief]bool{}
+	for _, a := range x.actors {
+		a.mu.Lock()
+		b := a.held
+		a.mu.Unlock()
+		if b == nil {
+			continue
+		}
+		mine, whole := false, true
+		for _, k := range b.keys {
+			whole = whole && tokens[k] == b.token
+			if n, ok := etcdlock.LockOfKey(k); ok && n == name {
+				mine = true
+			}
+		}
+		if mine && whole {
+			cur[b] = true
+		}
+	}
+	return cur, nil
 }
 
 // describe writes a queue: key and mode, oldest first.
@@ -831,12 +936,13 @@ const (
 	injFail    // the request failed, not applied
 	injMove    // etcd's leader moved (three members)
 	injStop    // etcd's leader stopped and restarted (three members)
+	injRequest // a release request (RequestRelease) on one of the names
 )
 
 // injKind maps a draw to a kind: weights out of 100.
 func (x *schedule) injKind(draw int) int {
 	table := []struct{ kind, weight int }{
-		{injOther, 22}, {injForeign, 7}, {injNested, 8}, {injTied, 7}, {injUnforeign, 8},
+		{injOther, 17}, {injRequest, 5}, {injForeign, 7}, {injNested, 8}, {injTied, 7}, {injUnforeign, 8},
 		{injDelete, 10}, {injRevoke, 4}, {injCompact, 6}, {injDrop, 12}, {injFail, 10}, {injMove, 5}, {injStop, 1},
 	}
 	for _, e := range table {
@@ -852,7 +958,8 @@ func (x *schedule) injKind(draw int) int {
 }
 
 var injNames = []string{"another actor's operation", "a foreign key", "nested keys", "a tied group", "a foreign key removed",
-	"a queue key deleted", "a lease revoked", "a compaction", "the answer lost", "the request failed", "the leader moved", "the leader stopped"}
+	"a queue key deleted", "a lease revoked", "a compaction", "the answer lost", "the request failed", "the leader moved", "the leader stopped",
+	"a release request"}
 
 // arm arms a fault at target's k-th RPC (unary calls and watch requests;
 // lease renewals do not count).
@@ -959,6 +1066,37 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 		a.mu.Unlock()
 		_, err := x.admin.Revoke(ctx, s.Lease())
 		x.logf("    revoke a%d's lease %x: %v", a.id, int64(s.Lease()), err)
+	case injRequest:
+		// The holds current before and after the request were current
+		// when it was recorded: each must be told.
+		name := x.names[d.pick2%len(x.names)]
+		before, err := x.currentHolds(ctx, name)
+		if err != nil {
+			x.logf("    (read: %v)", err)
+			return
+		}
+		x.mu.Lock()
+		x.requests++
+		x.mu.Unlock()
+		err = etcdlock.RequestRelease(ctx, x.admin, name)
+		x.logf("    RequestRelease(%s): %v", name[strings.LastIndexByte(name, '/')+1:], err)
+		if err != nil {
+			return
+		}
+		after, err := x.currentHolds(ctx, name)
+		if err != nil {
+			x.logf("    (read: %v)", err)
+			return
+		}
+		x.mu.Lock()
+		for b := range before {
+			if after[b] {
+				if _, ok := x.asks[b]; !ok {
+					x.asks[b] = time.Now()
+				}
+			}
+		}
+		x.mu.Unlock()
 	case injCompact:
 		rev := x.revision()
 		_, err := x.admin.Compact(ctx, rev)
@@ -1027,7 +1165,7 @@ func (x *schedule) quickOp(ctx context.Context, target *actor, d draws) {
 	if name == "Campaign" {
 		ctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
 	}
-	f := &inflight{name: name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision()}
+	f := &inflight{name: name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision(), reqs: x.requestCount()}
 	// The actor is taken in the same critical section that finds it idle:
 	// the step's own operation may be starting on it at this moment (see
 	// start), and one of the two would otherwise overwrite the other's
@@ -1144,15 +1282,17 @@ func (x *schedule) teardown() {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		x.mu.Lock()
-		n := len(x.lost)
+		n := len(x.lost) + len(x.asks)
 		x.mu.Unlock()
 		x.checkLost(10 * time.Second)
+		x.checkAsks(10 * time.Second)
 		if n == 0 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	x.checkLost(0)
+	x.checkAsks(10 * time.Second)
 	ctx, cancel := context.WithTimeout(x.ctx, 20*time.Second)
 	defer cancel()
 	for _, a := range x.actors {
