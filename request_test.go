@@ -389,9 +389,10 @@ func TestRequestReleaseSchedules(t *testing.T) {
 
 // TestReleaseRequestedCompaction: a holder that asks ReleaseRequested
 // long after its hold began, with the history since compacted, still
-// sees a request, and does not take an old one for it.
+// sees a request, and does not take an old one for it. Not parallel: it
+// compacts the shared etcd, which tests of replayed history
+// (TestStaleWatchNoFalseLoss) must not meet.
 func TestReleaseRequestedCompaction(t *testing.T) {
-	t.Parallel()
 	cli := newClient(t)
 	name := lockName(t)
 	s := newSession(t, cli)
