@@ -297,10 +297,12 @@ type schedule struct {
 	leaders []etcdlock.Leader         // what Observe yielded
 	obsDone chan struct{}             // closed when the observer returned
 	adopted map[clientv3.LeaseID]bool // leases an actor adopted (a violation of its own)
-	// requests counts the release requests made (RequestRelease), and
-	// asks are the holds current throughout one, which must be told.
-	requests int
-	asks     map[*belief]time.Time
+	// requests counts the release requests begun (RequestRelease), and
+	// requestsDone those that returned; asks are the holds current
+	// throughout one, which must be told.
+	requests     int
+	requestsDone int
+	asks         map[*belief]time.Time
 }
 
 // An actor is one client and session and its lock.
@@ -325,9 +327,10 @@ type belief struct {
 	token int64
 	done  <-chan struct{}
 	asked <-chan struct{} // ReleaseRequested
-	// reqs is how many release requests had been made when the
+	// reqs is how many release requests had returned when the
 	// operation that took the hold began: ReleaseRequested may close
-	// only if more were made since.
+	// only if one began since, or was under way then (more have begun
+	// than reqs).
 	reqs int
 	by   string // the operation that took it
 }
@@ -339,7 +342,7 @@ type inflight struct {
 	cancel context.CancelFunc
 	done   chan error
 	rev    int64 // etcd's revision when it began
-	reqs   int   // release requests made when it began
+	reqs   int   // release requests that had returned when it began
 }
 
 func (x *schedule) logf(format string, args ...any) {
@@ -811,7 +814,7 @@ func (x *schedule) check(where string) {
 		select {
 		case <-b.b.asked:
 			if requests == b.b.reqs {
-				x.violation("%s: a%d's hold %v (token %d, by %s) was told to release, but no request was made since its acquisition began",
+				x.violation("%s: a%d's hold %v (token %d, by %s) was told to release, but no request was made since its acquisition began, nor was one under way then",
 					where, b.a.id, b.b.keys, b.b.token, b.b.by)
 			}
 		default:
@@ -828,11 +831,11 @@ func (x *schedule) check(where string) {
 	x.checkAsks(10 * time.Second)
 }
 
-// requestCount returns how many release requests were made so far.
+// requestCount returns how many release requests have returned so far.
 func (x *schedule) requestCount() int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return x.requests
+	return x.requestsDone
 }
 
 // checkAsks reports a hold current throughout a release request, still
@@ -1079,6 +1082,9 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 		x.requests++
 		x.mu.Unlock()
 		err = etcdlock.RequestRelease(ctx, x.admin, name)
+		x.mu.Lock()
+		x.requestsDone++
+		x.mu.Unlock()
 		x.logf("    RequestRelease(%s): %v", name[strings.LastIndexByte(name, '/')+1:], err)
 		if err != nil {
 			return
