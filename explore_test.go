@@ -841,23 +841,28 @@ func (x *schedule) requestCount() int {
 // checkAsks reports a hold current throughout a release request, still
 // held and still not told of it bound after the request.
 func (x *schedule) checkAsks(bound time.Duration) {
+	x.overdue(x.asks, bound, func(b *belief) bool {
+		return closed(b.asked) || closed(b.done) // told, or ended: nothing to release
+	}, "was current throughout a release request %v ago, and its ReleaseRequested is still open")
+}
+
+// overdue reports, as violations, the holds of pending (each with when it
+// became pending) that are not settled more than bound later; what says
+// the rest of the message (after the hold), with the time since. Settled
+// and reported holds leave pending.
+func (x *schedule) overdue(pending map[*belief]time.Time, bound time.Duration, settled func(*belief) bool, what string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for b, at := range x.asks {
-		select {
-		case <-b.asked:
-			delete(x.asks, b)
+	for b, at := range pending {
+		if settled(b) {
+			delete(pending, b)
 			continue
-		case <-b.done:
-			delete(x.asks, b) // it ended: nothing to release
-			continue
-		default:
 		}
 		if time.Since(at) > bound {
-			msg := fmt.Sprintf("the hold %v (token %d, by %s) was current throughout a release request %v ago, and its ReleaseRequested is still open", b.keys, b.token, b.by, time.Since(at).Round(time.Millisecond))
+			msg := fmt.Sprintf("the hold %v (token %d, by %s) ", b.keys, b.token, b.by) + fmt.Sprintf(what, time.Since(at).Round(time.Millisecond))
 			x.bad = append(x.bad, msg)
 			x.log = append(x.log, "VIOLATION: "+msg)
-			delete(x.asks, b)
+			delete(pending, b)
 		}
 	}
 }
@@ -907,22 +912,8 @@ func describe(keys []string, modes []etcdlock.KeyMode) string {
 // checkLost reports a hold whose key went more than bound ago and whose
 // Done is still open.
 func (x *schedule) checkLost(bound time.Duration) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	for b, at := range x.lost {
-		select {
-		case <-b.done:
-			delete(x.lost, b)
-			continue
-		default:
-		}
-		if time.Since(at) > bound {
-			msg := fmt.Sprintf("the hold %v (token %d, by %s) is gone since %v, and its Done is still open", b.keys, b.token, b.by, time.Since(at).Round(time.Millisecond))
-			x.bad = append(x.bad, msg)
-			x.log = append(x.log, "VIOLATION: "+msg)
-			delete(x.lost, b)
-		}
-	}
+	x.overdue(x.lost, bound, func(b *belief) bool { return closed(b.done) },
+		"is gone since %v, and its Done is still open")
 }
 
 // An injection kind: what the explorer does at the chosen RPC.
