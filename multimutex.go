@@ -213,7 +213,7 @@ func (q *queue) acquireSet(ctx context.Context, val string) (int64, *pb.Response
 	for i, p := range q.set.parts {
 		w := &ws[i]
 		w.q, w.me = p, entry{key: p.key, rev: rev}
-		w.read, err = p.scan(ctx, w.me, pages[i], hdr)
+		w.read, err = p.scan(ctx, w.me, pages[i], nil, hdr)
 		if q.retryable(ctx, err) {
 			backoff := minBackoff
 			w.read, err = w.reread(ctx, &backoff)
@@ -413,7 +413,7 @@ func (q *queue) tryReadSet(ctx context.Context, resp *clientv3.TxnResponse) (blo
 			}
 			left[i] = kvs[0].CreateRevision
 		}
-		read, err := p.scan(ctx, entry{key: p.key}, resp.Responses[i].GetResponseRange(), resp.Header)
+		read, err := p.scan(ctx, entry{key: p.key}, resp.Responses[i].GetResponseRange(), nil, resp.Header)
 		if err != nil {
 			return false, nil, 0, err
 		}

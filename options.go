@@ -106,7 +106,8 @@ type mutexOptions struct {
 	// cancelOnRequest: Do cancels fn's ctx when the hold is asked to
 	// release (WithCancelOnRequest).
 	cancelOnRequest bool
-	err             error // the first invalid option, reported by Lock and TryLock
+	delay           time.Duration // WithLockDelay's; 0 for none
+	err             error         // the first invalid option, reported by Lock and TryLock
 }
 
 // A MutexOption configures NewMutex. An invalid value makes Lock and

@@ -16,7 +16,7 @@ import (
 // create revision of the key and the header of the response that showed
 // the hold was admitted. On failure it leaves no key (fail).
 func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, err error) {
-	rev, page, hdr, err := q.placeKey(ctx, mode, val)
+	rev, page, delays, hdr, err := q.placeKey(ctx, mode, val)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -24,7 +24,7 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int6
 		return 0, nil, q.fail(ctx, rev, err)
 	}
 	w := waiter{q: q, me: entry{key: q.key, rev: rev, mode: mode}}
-	w.read, err = q.scan(ctx, w.me, page, hdr)
+	w.read, err = q.scan(ctx, w.me, page, delays, hdr)
 	if q.retryable(ctx, err) {
 		// A later page met a leader election, or a compaction of the
 		// revision it was to be read at: read the queue anew, as a
@@ -49,9 +49,10 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int6
 }
 
 // placeKey puts this session's key in mode, and returns its create
-// revision and the first page of the queue, read in the same Txn, whose
-// response has header hdr. On failure it leaves no key (fail).
-func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int64, page *pb.RangeResponse, hdr *pb.ResponseHeader, err error) {
+// revision, the first page of the queue and the lock's delay records,
+// read in the same Txn, whose response has header hdr. On failure it
+// leaves no key (fail).
+func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int64, page, delays *pb.RangeResponse, hdr *pb.ResponseHeader, err error) {
 	// One round trip puts the key and reads the newest keys under the
 	// prefix. Read after the put in the same Txn, they show who is ahead:
 	// uncontended Lock is this one RPC. If this session already has a key
@@ -68,7 +69,7 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 		if err != nil {
 			// The Txn may have been applied even though its answer was
 			// lost: remove the key by name.
-			return 0, nil, nil, q.fail(ctx, 0, err)
+			return 0, nil, nil, nil, q.fail(ctx, 0, err)
 		}
 		if resp.Succeeded {
 			break
@@ -81,20 +82,20 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 			// Someone re-created our key in another mode between the two
 			// round trips: only this process uses it, so that cannot
 			// happen short of a misuse of the lease.
-			return 0, nil, nil, q.fail(ctx, 0, errorf("key %s keeps its other mode", q.key))
+			return 0, nil, nil, nil, q.fail(ctx, 0, errorf("key %s keeps its other mode", q.key))
 		}
 		old := in.Responses[0].GetResponseRange().Kvs
 		if len(old) > 0 {
 			if err := q.remove(ctx, old[0].CreateRevision); err != nil {
-				return 0, nil, nil, err
+				return 0, nil, nil, nil, err
 			}
 		}
 	}
 	if resp.Succeeded {
-		return resp.Header.Revision, resp.Responses[1].GetResponseRange(), resp.Header, nil
+		return resp.Header.Revision, resp.Responses[1].GetResponseRange(), rangeAt(resp.Responses, 2), resp.Header, nil
 	}
 	in := resp.Responses[0].GetResponseTxn()
-	return in.Responses[1].GetResponseRange().Kvs[0].CreateRevision, in.Responses[2].GetResponseRange(), resp.Header, nil
+	return in.Responses[1].GetResponseRange().Kvs[0].CreateRevision, in.Responses[2].GetResponseRange(), rangeAt(in.Responses, 3), resp.Header, nil
 }
 
 // join is place, sent again after an error that passes (retryable) while
@@ -139,11 +140,11 @@ func (q *queue) place(ctx context.Context, mode KeyMode, val string) (*clientv3.
 	defer cancel()
 	return q.s.cli.Txn(wctx).
 		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)).
-		Then(put, q.opQueue(mode, 0)).
+		Then(append([]clientv3.Op{put, q.opQueue(mode, 0)}, q.delayOps()...)...).
 		Else(clientv3.OpTxn(
 			// Our leftover in the same mode keeps its place.
 			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(q.key), "=", val)},
-			[]clientv3.Op{put, clientv3.OpGet(q.key), q.opQueue(mode, 0)},
+			append([]clientv3.Op{put, clientv3.OpGet(q.key), q.opQueue(mode, 0)}, q.delayOps()...),
 			[]clientv3.Op{clientv3.OpGet(q.key)})).
 		Commit()
 }
@@ -215,6 +216,12 @@ func (q *queue) remove(ctx context.Context, rev int64) error {
 	dels := []clientv3.Op{clientv3.OpDelete(q.key)}
 	if q.set != nil {
 		cmps, dels = nil, q.deletes(rev) // each key of the set, each guarded
+	}
+	if q.opts.delay > 0 && rev != 0 {
+		// Lock wrote the delay record, or may have, and returns no
+		// hold: nothing was done under it that a delay would protect.
+		// The record goes whether the key is still ours or not.
+		cmps, dels = nil, []clientv3.Op{clientv3.OpTxn(cmps, dels, nil), q.opDropDelay(rev)}
 	}
 	backoff := minBackoff
 	for {

@@ -163,6 +163,12 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 		return nil, q.cause(ctx, err)
 	}
 	h := &hold{rev: rev, mode: mode, hdr: hdr}
+	if q.opts.delay > 0 {
+		if err := q.writeDelay(bctx, rev); err != nil {
+			q.releaseNames()
+			return nil, q.cause(ctx, err)
+		}
+	}
 	if q.opts.maxHold > 0 {
 		if err := q.limitHold(bctx, h); err != nil {
 			q.releaseNames()
@@ -187,6 +193,9 @@ func (q *queue) validate() error {
 		return q.opts.err
 	}
 	if q.set != nil {
+		if q.opts.delay > 0 {
+			return errorf("%w: a MultiMutex takes no lock delay", ErrInvalidOption)
+		}
 		return q.set.err
 	}
 	return checkLockName(q.name)

@@ -47,6 +47,9 @@ type queueRead struct {
 	// own is, for a Try only, this session's own key as the read found
 	// it (a key left by a cleanup that could not reach etcd).
 	own *mvccpb.KeyValue
+	// delays are the pending lock delays of holds ahead that keep me
+	// out although the rule admits me; blockers are then their records.
+	delays []pendingDelay
 }
 
 // scan reads the direct children of the prefix ahead of me, newest first:
@@ -60,17 +63,19 @@ type queueRead struct {
 // the queue again (recheck). If etcd compacts the revision before a later
 // page is read, it returns errPageCompacted: the caller reads the queue
 // anew.
-func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb.ResponseHeader) (queueRead, error) {
+func (q *queue) scan(ctx context.Context, me entry, r, delays *pb.RangeResponse, hdr *pb.ResponseHeader) (queueRead, error) {
 	read := queueRead{rev: hdr.Revision, hdr: hdr}
 	admit := me.mode.rule()
 	var ahead []entry
-	var p *pager // made when a second page is needed
+	var p *pager  // made when a second page is needed
+	var own int64 // the create revision of our key in the pages (a Try's)
 	kvs, more := r.Kvs, r.More
 	for {
 		for _, kv := range kvs {
 			switch {
 			case !q.isChild(kv.Key): // a nested lock's key
 			case string(kv.Key) == q.key:
+				own = kv.CreateRevision
 			case me.rev == 0 || kv.CreateRevision < me.rev:
 				ahead = append(ahead, entry{string(kv.Key), kv.CreateRevision, ParseKeyMode(kv.Value)})
 			}
@@ -87,7 +92,20 @@ func (q *queue) scan(ctx context.Context, me entry, r *pb.RangeResponse, hdr *pb
 			return read, nil
 		}
 		if read.complete {
+			// Admitted by the queue: unless a hold ahead ended without
+			// Unlock and its lock delay has not passed (delay.go). Every
+			// key ahead was read, so a delay record's key is gone if it
+			// is not among them.
+			read.delays = q.pendingDelays(me, delays, func(key string, rev int64) bool {
+				if key == q.key {
+					return rev != 0 && (rev == me.rev || rev == own)
+				}
+				return slices.ContainsFunc(ahead, func(e entry) bool { return e.key == key && e.rev == rev })
+			})
 			read.blockers = nil
+			if len(read.delays) > 0 {
+				read.blockers = delayBlockers(read.delays)
+			}
 			return read, nil
 		}
 		// The pages so far held only newer keys, nested locks' keys, or

@@ -146,7 +146,7 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 	}
 	first := h.sendAttempt()
 	q.mu.Unlock()
-	resp, err := q.releaseTxn(ctx, h.rev)
+	resp, err := q.releaseTxn(ctx, h.rev, true)
 	q.mu.Lock()
 	goneMid := h.attemptAnswered()
 	q.mu.Unlock()
@@ -173,12 +173,18 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 
 // releaseTxn deletes the keys of the hold created at rev: q's key if its
 // create revision is still rev; for a set, each key of the set that still
-// has it. It succeeds when every key had it.
-func (q *queue) releaseTxn(ctx context.Context, rev int64) (*clientv3.TxnResponse, error) {
+// has it. It succeeds when every key had it. A clean release (an
+// Unlock's) deletes the hold's lock delay record with its key; the
+// tidying after a loss leaves it, so that the delay holds.
+func (q *queue) releaseTxn(ctx context.Context, rev int64, clean bool) (*clientv3.TxnResponse, error) {
 	if q.set == nil {
+		del := []clientv3.Op{clientv3.OpDelete(q.key)}
+		if clean && q.opts.delay > 0 {
+			del = append(del, clientv3.OpDelete(delayKey(q.key)))
+		}
 		return q.s.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).
-			Then(clientv3.OpDelete(q.key)).
+			Then(del...).
 			Commit()
 	}
 	return q.s.cli.Txn(ctx).If(q.ownCmps(rev)...).Then(q.deletes(0)...).Else(q.deletes(rev)...).Commit()
@@ -450,7 +456,7 @@ func (q *queue) step(h *hold, tidy bool) bool {
 		// Tidy up after a loss: delete the key if it is still this
 		// hold's (its max hold lease has not run out), then revoke that
 		// lease.
-		_, err := q.releaseTxn(actx, h.rev)
+		_, err := q.releaseTxn(actx, h.rev, false)
 		if err == nil || q.s.Err() != nil {
 			q.finishNow(actx, h)
 			return true
@@ -474,6 +480,6 @@ func (q *queue) sweep(h *hold) bool {
 	}
 	actx, cancel := context.WithTimeout(q.s.endCtx, cleanupTimeout)
 	defer cancel()
-	_, err := q.releaseTxn(actx, h.rev)
+	_, err := q.releaseTxn(actx, h.rev, false)
 	return err == nil || q.s.Err() != nil
 }

@@ -19,7 +19,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 	// A read-only Txn answers "held" without a Raft write or a new
 	// revision. etcd sends any Txn with a Put through Raft even when its
 	// compare fails, so only an all-read request is served as a read.
-	first := []clientv3.Op{q.opQueue(mode, 0), clientv3.OpGet(q.key)}
+	first := append([]clientv3.Op{q.opQueue(mode, 0), clientv3.OpGet(q.key)}, q.delayOps()...)
 	resp, err := q.tryReadTxn(ctx, first)
 	if err != nil {
 		return 0, nil, err
@@ -34,6 +34,9 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			continue
 		}
 		if len(read.blockers) > 0 {
+			// A Try starts a pending lock delay, or no Try would ever
+			// end it. If it fails, a later Try or Lock starts it.
+			_ = q.startDelays(ctx, read.delays)
 			return 0, nil, ErrLocked
 		}
 		if read.own != nil && me.rev == 0 {
@@ -119,7 +122,7 @@ func (q *queue) tryReadTxn(ctx context.Context, first []clientv3.Op) (*clientv3.
 }
 
 // tryRead judges a Try from resp, the answer to its read-only Txn (the
-// queue's first page, then this session's own key). me is the Try's
+// queue's first page, this session's own key, the lock's delay records). me is the Try's
 // entry: at its own key's place when that key is in mode (val), else
 // behind everyone (rev 0).
 func (q *queue) tryRead(ctx context.Context, mode KeyMode, val string, resp *clientv3.TxnResponse) (me entry, _ queueRead, _ error) {
@@ -133,7 +136,7 @@ func (q *queue) tryRead(ctx context.Context, mode KeyMode, val string, resp *cli
 		// could not reach etcd: judge it at its place.
 		me.rev = own.CreateRevision
 	}
-	read, err := q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
+	read, err := q.scan(ctx, me, resp.Responses[0].GetResponseRange(), rangeAt(resp.Responses, 2), resp.Header)
 	read.own = own
 	return me, read, err
 }

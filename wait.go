@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -98,6 +99,9 @@ func (w *waiter) reread(ctx context.Context, backoff *time.Duration) (queueRead,
 // admits the waiter), so it watches every deletion of the lock instead.
 func (q *queue) watched(blockers []entry) []string {
 	if len(blockers) > maxWatched {
+		if strings.HasPrefix(blockers[0].key, LockDelayPrefix) {
+			return []string{q.delayPfx()} // pending delays
+		}
 		return []string{q.pfx}
 	}
 	keys := make([]string, len(blockers))
@@ -143,6 +147,11 @@ func (w *waiter) watchTurn(ctx context.Context) (*pb.ResponseHeader, error) {
 		w.own, w.ww, w.watches, w.others = nil, nil, nil, nil
 	}()
 	for {
+		// A pending lock delay that no waiter has started yet is
+		// started by the first that finds it (delay.go).
+		if err := q.startDelays(ctx, w.read.delays); err != nil {
+			return nil, err
+		}
 		keys := q.watched(w.read.blockers)
 		if err := w.rewatch(ctx, keys); err != nil {
 			return nil, err
@@ -290,6 +299,10 @@ func (w *waiter) blockerEvent(e watchedEvent) (at int64, key string, ok bool) {
 		return 0, "", false
 	}
 	prefix := e.b.key == w.q.pfx
+	if e.b.key == w.q.delayPfx() {
+		// Pending delays, more than maxWatched: one that ends may admit me.
+		return ev.Kv.ModRevision, string(ev.Kv.Key), ev.Type == mvccpb.DELETE && isChild(e.b.key, ev.Kv.Key)
+	}
 	if ev.Type == mvccpb.PUT {
 		// Only a reader sees Puts: a Downgrade changes the mode;
 		// WithMaxHold's re-binding and a holder's record do not.
@@ -323,13 +336,13 @@ func (w *waiter) blockerEvent(e watchedEvent) (at int64, key string, ok bool) {
 //go:noinline
 func (w *waiter) check(ctx context.Context, minRev int64) (queueRead, error) {
 	me := w.me
-	resp, err := w.readIfMine(ctx, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
-		return w.q.opQueue(me.mode, me.rev-1, opts...)
+	resp, err := w.readIfMine(ctx, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
+		return append([]clientv3.Op{w.q.opQueue(me.mode, me.rev-1, opts...)}, w.q.delayOps(opts...)...)
 	})
 	if err != nil {
 		return queueRead{}, err
 	}
-	return w.q.scan(ctx, me, resp.Responses[0].GetResponseRange(), resp.Header)
+	return w.q.scan(ctx, me, resp.Responses[0].GetResponseRange(), rangeAt(resp.Responses, 1), resp.Header)
 }
 
 // recheck is check after the deletion of the blocker gone ("" for a
@@ -351,29 +364,37 @@ func (w *waiter) recheck(ctx context.Context, gone string, at int64) (queueRead,
 	return w.check(ctx, at)
 }
 
-// confirm is check for a waiter known to be admitted if its key is still
-// its own: one round trip reads that key's count only, and no key ahead.
-// Its read has no blockers, and the header of the response that showed
-// the key is still its own.
+// confirm is check for a waiter known to be admitted by the queue if its
+// key is still its own: one round trip reads that key's count and the
+// lock's delay records, and no key ahead. Its read has no blockers, and
+// the header of the response that showed the key is still its own. A
+// delay record of a hold ahead may be pending (the key that went had
+// one, and it went without Unlock) or a holder's still in place (a
+// reader's): only a check of the queue tells, so confirm makes one.
 //
 //go:noinline
 func (w *waiter) confirm(ctx context.Context, minRev int64) (queueRead, error) {
-	key := w.q.key
-	resp, err := w.readIfMine(ctx, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
-		return clientv3.OpGet(key, append(opts, clientv3.WithCountOnly())...)
+	q, me := w.q, w.me
+	resp, err := w.readIfMine(ctx, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
+		return append([]clientv3.Op{clientv3.OpGet(q.key, append(opts, clientv3.WithCountOnly())...)}, q.delayOps(opts...)...)
 	})
 	if err != nil {
 		return queueRead{}, err
 	}
+	if len(q.pendingDelays(me, rangeAt(resp.Responses, 1), func(key string, rev int64) bool {
+		return key == q.key && rev != 0 && rev == me.rev
+	})) > 0 {
+		return w.check(ctx, resp.Header.Revision)
+	}
 	return queueRead{rev: resp.Header.Revision, hdr: resp.Header}, nil
 }
 
-// readIfMine runs op (a range, given extra options) in a Txn that succeeds
+// readIfMine runs ops (ranges, given extra options) in a Txn that succeeds
 // only while my key is still mine, as of minRev or later (see check). It
 // returns lostWhileWaiting's error when the key is gone.
 //
 //go:noinline
-func (w *waiter) readIfMine(ctx context.Context, minRev int64, op func(...clientv3.OpOption) clientv3.Op) (*clientv3.TxnResponse, error) {
+func (w *waiter) readIfMine(ctx context.Context, minRev int64, ops func(...clientv3.OpOption) []clientv3.Op) (*clientv3.TxnResponse, error) {
 	q := w.q
 	var cmps []clientv3.Cmp
 	var orElse []clientv3.Op
@@ -393,7 +414,7 @@ func (w *waiter) readIfMine(ctx context.Context, minRev int64, op func(...client
 		if q.set != nil {
 			serial = q.set.keyReads(clientv3.WithSerializable())
 		}
-		r, err := q.s.cli.Txn(ctx).If(cmps...).Then(op(clientv3.WithSerializable())).Else(serial...).Commit()
+		r, err := q.s.cli.Txn(ctx).If(cmps...).Then(ops(clientv3.WithSerializable())...).Else(serial...).Commit()
 		if err != nil {
 			return nil, q.rpcErr(err)
 		}
@@ -402,7 +423,7 @@ func (w *waiter) readIfMine(ctx context.Context, minRev int64, op func(...client
 		}
 	}
 	if resp == nil {
-		r, err := q.s.cli.Txn(ctx).If(cmps...).Then(op()).Else(orElse...).Commit()
+		r, err := q.s.cli.Txn(ctx).If(cmps...).Then(ops()...).Else(orElse...).Commit()
 		if err != nil {
 			return nil, q.rpcErr(err)
 		}

@@ -620,6 +620,8 @@ func (w *sessionWatcher) blockerAlone(ctx context.Context, cancel context.Cancel
 	switch {
 	case b.key == kw.q.pfx:
 		opts = append(opts, clientv3.WithFilterPut(), clientv3.WithPrefix(), clientv3.WithPrevKV())
+	case b.key == kw.q.delayPfx():
+		opts = append(opts, clientv3.WithFilterPut(), clientv3.WithPrefix())
 	case !kw.ww.puts:
 		opts = append(opts, clientv3.WithFilterPut())
 	}

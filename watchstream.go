@@ -221,6 +221,8 @@ func (kw *keyWatch) createRequest() *pb.WatchCreateRequest {
 		switch {
 		case b.key == kw.q.pfx:
 			cr.RangeEnd, cr.PrevKv = []byte(clientv3.GetPrefixRangeEnd(b.key)), true
+		case b.key == kw.q.delayPfx():
+			cr.RangeEnd = []byte(clientv3.GetPrefixRangeEnd(b.key))
 		case kw.ww.puts:
 			cr.Filters = nil
 		}

@@ -1,0 +1,432 @@
+package etcdlock_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// testDelay is the lock delay of the tests that wait it out: 2s, a lease
+// TTL above the test cluster's minimum (1s).
+const testDelay = 2 * time.Second
+
+// longDelay is a delay no test waits out: a test whose waiter must not be
+// delayed fails by its own timeout long before.
+const longDelay = time.Hour
+
+// delayRecords returns the lock delay records of name in etcd.
+func delayRecords(t *testing.T, cli *clientv3.Client, name string) map[string]*recordKV {
+	t.Helper()
+	resp, err := cli.Get(t.Context(), etcdlock.LockDelayPrefix+name+"/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	recs := map[string]*recordKV{}
+	for _, kv := range resp.Kvs {
+		recs[strings.TrimPrefix(string(kv.Key), etcdlock.LockDelayPrefix)] = &recordKV{value: string(kv.Value), lease: kv.Lease}
+	}
+	return recs
+}
+
+type recordKV struct {
+	value string
+	lease int64
+}
+
+// TestLockDelayOptions: invalid delays are ErrInvalidOption, and a
+// MultiMutex takes none; nothing is written.
+func TestLockDelayOptions(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	s := newSession(t, cli)
+	name := lockName(t)
+	for _, d := range []time.Duration{0, -time.Second, 999 * time.Millisecond, etcdlock.MaxLockDelay + time.Second} {
+		err := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(d)).Lock(t.Context())
+		require.ErrorIs(t, err, etcdlock.ErrInvalidOption, "delay %v", d)
+	}
+	m := etcdlock.NewMultiMutex(s, []string{name + "/a", name + "/b"}, etcdlock.WithLockDelay(time.Second))
+	require.ErrorIs(t, m.Lock(t.Context()), etcdlock.ErrInvalidOption)
+	require.ErrorIs(t, m.TryLock(t.Context()), etcdlock.ErrInvalidOption)
+	require.Empty(t, keys(t, cli, name))
+	require.Empty(t, delayRecords(t, cli, name))
+}
+
+// TestLockDelayRecord: a hold with a delay writes its record (token and
+// seconds, bound to no lease) once admitted, and Unlock deletes it with
+// the key, so that an Unlock followed by Session.Close delays no one.
+func TestLockDelayRecord(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	s := newSession(t, cli)
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
+	require.NoError(t, m.Lock(t.Context()))
+	recs := delayRecords(t, cli, name)
+	require.Equal(t, map[string]*recordKV{m.Key(): {value: strconv.FormatInt(m.Token(), 10) + " 3600", lease: 0}}, recs)
+
+	w := etcdlock.NewMutex(newSession(t, cli), name)
+	q := startWaiter(t.Context(), w)
+	q.waitIdle(t)
+	require.Empty(t, delayRecords(t, cli, name)[w.Key()], "a waiter has no record")
+	require.NoError(t, m.Unlock(t.Context()))
+	require.NoError(t, s.Close())
+	require.NoError(t, q.result(t, 30*time.Second), "an Unlock hands over at once: no hour's delay")
+	require.Empty(t, delayRecords(t, cli, name))
+	require.NoError(t, w.Unlock(t.Context()))
+}
+
+// TestLockDelayAfterClose: a holder whose session is closed with the lock
+// held (its lease revoked) delays the next holder by its delay, counted
+// from the revoke, whatever delay the waiter asked for itself: a waiter
+// with a shorter delay, and one with an hour's, are both admitted after
+// the holder's 2s. The record goes once the delay is over.
+func TestLockDelayAfterClose(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		opts []etcdlock.MutexOption
+	}{
+		{"WaiterAsksLess", []etcdlock.MutexOption{etcdlock.WithLockDelay(time.Second)}},
+		{"WaiterAsksAnHour", []etcdlock.MutexOption{etcdlock.WithLockDelay(longDelay)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			cli := newClient(t)
+			name := lockName(t)
+			s, err := etcdlock.NewSession(t.Context(), cli)
+			require.NoError(t, err)
+			m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
+			require.NoError(t, m.Lock(t.Context()))
+			w := etcdlock.NewMutex(newSession(t, cli), name, c.opts...)
+			q := startWaiter(t.Context(), w)
+			require.Equal(t, m.Key(), q.waitIdle(t))
+
+			closed := time.Now() // before etcd deleted the key
+			require.NoError(t, s.Close())
+			require.Equal(t, etcdlock.LockDelayPrefix+m.Key(), q.waitIdle(t), "the waiter waits for the delay")
+			require.NoError(t, q.result(t, 30*time.Second))
+			admitted := time.Now()
+			require.GreaterOrEqual(t, admitted.Sub(closed), testDelay, "admitted before the delay was over")
+			require.Nil(t, delayRecords(t, cli, name)[m.Key()], "the delay's record is gone")
+			require.NoError(t, w.Unlock(t.Context()))
+		})
+	}
+}
+
+// TestLockDelayLostHold: a holder's key deleted by someone else is a
+// hold that ended without Unlock: the delay holds, and the holder's
+// Unlock (which reports the loss) does not end it.
+func TestLockDelayLostHold(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	m := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay))
+	require.NoError(t, m.Lock(t.Context()))
+	w := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay))
+	q := startWaiter(t.Context(), w)
+	q.waitIdle(t)
+
+	deleted := time.Now()
+	_, err := cli.Delete(t.Context(), m.Key())
+	require.NoError(t, err)
+	<-m.Done()
+	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
+	require.NoError(t, q.result(t, 30*time.Second))
+	require.GreaterOrEqual(t, time.Since(deleted), testDelay)
+	require.NoError(t, w.Unlock(t.Context()))
+}
+
+// TestLockDelayStartedByTry: when nobody waits as the holder's lease
+// ends, the delay begins with the next TryLock, which returns ErrLocked;
+// TryLock succeeds once the delay is over.
+func TestLockDelayStartedByTry(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
+	require.NoError(t, m.Lock(t.Context()))
+	require.NoError(t, s.Close())
+	require.Empty(t, keys(t, cli, name))
+	rec := delayRecords(t, cli, name)[m.Key()]
+	require.NotNil(t, rec, "the record stays with the key gone")
+	require.Zero(t, rec.lease, "nobody has started the delay")
+
+	w := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay))
+	started := time.Now()
+	require.ErrorIs(t, w.TryLock(t.Context()), etcdlock.ErrLocked)
+	rec = delayRecords(t, cli, name)[m.Key()]
+	require.NotNil(t, rec)
+	require.NotZero(t, rec.lease, "the Try started the delay")
+	require.Empty(t, keys(t, cli, name), "a refused Try writes no key")
+
+	watchDeletion(t, cli, etcdlock.LockDelayPrefix+m.Key())(30 * time.Second)
+	require.GreaterOrEqual(t, time.Since(started), testDelay)
+	require.NoError(t, w.TryLock(t.Context()))
+	require.NoError(t, w.Unlock(t.Context()))
+}
+
+// TestLockDelayWaiterEndsNoDelay: a waiter writes no record, so a waiter
+// whose session ends before its turn delays no one.
+func TestLockDelayWaiterEndsNoDelay(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	h := etcdlock.NewMutex(newSession(t, cli), name)
+	require.NoError(t, h.Lock(t.Context()))
+	ws, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	w := etcdlock.NewMutex(ws, name, etcdlock.WithLockDelay(longDelay))
+	q := startWaiter(t.Context(), w)
+	q.waitIdle(t)
+	require.NoError(t, ws.Close())
+	require.ErrorIs(t, q.result(t, 30*time.Second), etcdlock.ErrSessionExpired)
+
+	next := etcdlock.NewMutex(newSession(t, cli), name)
+	q2 := startWaiter(t.Context(), next)
+	require.Equal(t, h.Key(), q2.waitIdle(t))
+	require.NoError(t, h.Unlock(t.Context()))
+	require.NoError(t, q2.result(t, 30*time.Second))
+	require.Empty(t, delayRecords(t, cli, name))
+	require.NoError(t, next.Unlock(t.Context()))
+}
+
+// TestLockDelayOtherPrimitives: a reader waiting behind a writer, a
+// writer behind a reader and a Semaphore's waiter honour the delay of a
+// holder whose lease ended: RWMutex and Semaphore take the option too.
+func TestLockDelayOtherPrimitives(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	for _, c := range []struct {
+		name string
+		hold func(s *etcdlock.Session, name string) error
+		wait func(s *etcdlock.Session, name string) (lock, unlock func(context.Context) error)
+	}{
+		{"WriterThenReader",
+			func(s *etcdlock.Session, name string) error {
+				return etcdlock.NewRWMutex(s, name, etcdlock.WithLockDelay(testDelay)).Lock(t.Context())
+			},
+			func(s *etcdlock.Session, name string) (lock, unlock func(context.Context) error) {
+				rw := etcdlock.NewRWMutex(s, name, etcdlock.WithLockDelay(time.Second))
+				return rw.RLock, rw.RUnlock
+			}},
+		{"ReaderThenWriter",
+			func(s *etcdlock.Session, name string) error {
+				return etcdlock.NewRWMutex(s, name, etcdlock.WithLockDelay(testDelay)).RLock(t.Context())
+			},
+			func(s *etcdlock.Session, name string) (lock, unlock func(context.Context) error) {
+				rw := etcdlock.NewRWMutex(s, name, etcdlock.WithLockDelay(time.Second))
+				return rw.Lock, rw.Unlock
+			}},
+		{"Semaphore",
+			func(s *etcdlock.Session, name string) error {
+				return etcdlock.NewSemaphore(s, name, 2, etcdlock.WithLockDelay(testDelay)).Acquire(t.Context(), 2)
+			},
+			func(s *etcdlock.Session, name string) (lock, unlock func(context.Context) error) {
+				sem := etcdlock.NewSemaphore(s, name, 2, etcdlock.WithLockDelay(time.Second))
+				return func(ctx context.Context) error { return sem.Acquire(ctx, 1) }, sem.Release
+			}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			name := lockName(t)
+			s, err := etcdlock.NewSession(t.Context(), cli)
+			require.NoError(t, err)
+			require.NoError(t, c.hold(s, name))
+			require.Len(t, delayRecords(t, cli, name), 1)
+			lock, unlock := c.wait(newSession(t, cli), name)
+			done := make(chan error, 1)
+			go func() { done <- lock(t.Context()) }()
+			closed := time.Now()
+			require.NoError(t, s.Close())
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("the waiter was not admitted within 30s")
+			}
+			require.GreaterOrEqual(t, time.Since(closed), testDelay)
+			require.NoError(t, unlock(t.Context()))
+		})
+	}
+}
+
+// TestLockDelayOnlyWithTheOption: a lock without WithLockDelay neither
+// reads nor honours delay records (it needs no permission on them), as
+// etcd's Mutex does not: the delay is for the locks that ask for it.
+func TestLockDelayOnlyWithTheOption(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
+	require.NoError(t, m.Lock(t.Context()))
+	w := etcdlock.NewMutex(newSession(t, cli), name)
+	q := startWaiter(t.Context(), w)
+	q.waitIdle(t)
+	require.NoError(t, s.Close())
+	require.NoError(t, q.result(t, 30*time.Second), "no hour's delay for a lock without the option")
+	rec := delayRecords(t, cli, name)[m.Key()]
+	require.NotNil(t, rec, "the delay stays pending for the locks with the option")
+	require.Zero(t, rec.lease, "and nobody started it")
+	require.NoError(t, w.Unlock(t.Context()))
+}
+
+// delayPut matches a Txn that puts a delay record: on a lease (a waiter
+// starting the delay) when leased, else bound to none (a holder's
+// record).
+func delayPut(leased bool) func(etcdtest.RPC) bool {
+	return func(r etcdtest.RPC) bool {
+		txn, ok := r.Req.(*pb.TxnRequest)
+		if !ok {
+			return false
+		}
+		for _, op := range txn.Success {
+			if put := op.GetRequestPut(); put != nil && strings.HasPrefix(string(put.Key), etcdlock.LockDelayPrefix) && (put.Lease != 0) == leased {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// answerLost is an Action that loses the answer of an RPC etcd applied.
+var answerLost = etcdtest.Action{After: func(_ etcdtest.RPC, err error) error {
+	if err != nil {
+		return err
+	}
+	return status.Error(codes.Unavailable, "test: the answer was lost")
+}}
+
+// TestLockDelaySchedules: the delay's writes meet a lost answer, or
+// another waiter, at a chosen RPC.
+func TestLockDelaySchedules(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+
+	// The answer of the Txn that writes the holder's record is lost:
+	// it is sent again, and the hold has its record.
+	t.Run("RecordAnswerLost", func(t *testing.T) {
+		t.Parallel()
+		name := lockName(t)
+		var in etcdtest.Injector
+		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+		fired := in.At(etcdtest.Nth(1, delayPut(false)), answerLost)
+		m := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(longDelay))
+		require.NoError(t, m.Lock(t.Context()))
+		<-fired
+		require.Equal(t, strconv.FormatInt(m.Token(), 10)+" 3600", delayRecords(t, cli, name)[m.Key()].value)
+		require.NoError(t, m.Unlock(t.Context()))
+		require.Empty(t, delayRecords(t, cli, name))
+	})
+
+	// The answer of the Unlock that deleted key and record is lost: it
+	// is sent again, finds the key gone, and is a clean release: no
+	// delay for the waiter.
+	t.Run("UnlockAnswerLost", func(t *testing.T) {
+		t.Parallel()
+		name := lockName(t)
+		var in etcdtest.Injector
+		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+		m := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(longDelay))
+		require.NoError(t, m.Lock(t.Context()))
+		w := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(longDelay))
+		q := startWaiter(t.Context(), w)
+		q.waitIdle(t)
+		fired := in.At(etcdtest.Nth(1, etcdtest.Method("/etcdserverpb.KV/Txn")), answerLost)
+		require.NoError(t, m.Unlock(t.Context()))
+		<-fired
+		require.NoError(t, q.result(t, 30*time.Second), "no hour's delay after an Unlock")
+		require.NoError(t, w.Unlock(t.Context()))
+		require.Empty(t, delayRecords(t, cli, name))
+	})
+
+	// The answer of the waiter's Txn that starts the delay is lost: it
+	// reads the queue again, finds the delay begun (by its own lease),
+	// and waits it out once.
+	t.Run("StartAnswerLost", func(t *testing.T) {
+		t.Parallel()
+		name := lockName(t)
+		s, err := etcdlock.NewSession(t.Context(), cli)
+		require.NoError(t, err)
+		m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
+		require.NoError(t, m.Lock(t.Context()))
+		var in etcdtest.Injector
+		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+		fired := in.At(etcdtest.Nth(1, delayPut(true)), answerLost)
+		w := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(testDelay))
+		q := startWaiter(t.Context(), w)
+		q.waitIdle(t)
+		closed := time.Now()
+		require.NoError(t, s.Close())
+		<-fired
+		require.NoError(t, q.result(t, 30*time.Second))
+		require.GreaterOrEqual(t, time.Since(closed), testDelay)
+		require.NoError(t, w.Unlock(t.Context()))
+	})
+
+	// Two readers behind a writer whose session ends are both admitted
+	// by the queue and both find the delay: one starts it, and the
+	// other's start, held until then, finds it begun and leaves it. Both
+	// wait it out.
+	t.Run("TwoStart", func(t *testing.T) {
+		t.Parallel()
+		name := lockName(t)
+		s, err := etcdlock.NewSession(t.Context(), cli)
+		require.NoError(t, err)
+		require.NoError(t, etcdlock.NewRWMutex(s, name, etcdlock.WithLockDelay(testDelay)).Lock(t.Context()))
+		var rec string
+		resp, err := cli.Get(t.Context(), name+"/", clientv3.WithPrefix())
+		require.NoError(t, err)
+		require.Len(t, resp.Kvs, 1)
+		rec = etcdlock.LockDelayPrefix + string(resp.Kvs[0].Key)
+
+		var in etcdtest.Injector
+		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+		fired := in.At(etcdtest.Nth(1, delayPut(true)), etcdtest.Action{Before: func(etcdtest.RPC) {
+			// Until the other reader has started the delay.
+			for range 1000 {
+				r, err := cli.Get(t.Context(), rec)
+				if err == nil && len(r.Kvs) == 1 && r.Kvs[0].Lease != 0 {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Errorf("the other reader did not start the delay")
+		}})
+		readers := []*etcdlock.RWMutex{
+			etcdlock.NewRWMutex(newSession(t, icli), name, etcdlock.WithLockDelay(testDelay)),
+			etcdlock.NewRWMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay)),
+		}
+		done := make(chan error, 2)
+		for _, r := range readers {
+			go func() { done <- r.RLock(t.Context()) }()
+		}
+		require.Eventually(t, func() bool { return len(keys(t, cli, name)) == 3 }, 10*time.Second, 10*time.Millisecond)
+		closed := time.Now()
+		require.NoError(t, s.Close())
+		for range readers {
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("a reader was not admitted within 30s")
+			}
+			require.GreaterOrEqual(t, time.Since(closed), testDelay)
+		}
+		<-fired
+		for _, r := range readers {
+			require.NoError(t, r.RUnlock(t.Context()))
+		}
+	})
+}
