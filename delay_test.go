@@ -430,3 +430,46 @@ func TestLockDelaySchedules(t *testing.T) {
 		}
 	})
 }
+
+// TestLockDelayInspect: InspectLock shows a pending delay, begun or not,
+// and the waiter it keeps out as waiting, not holding.
+func TestLockDelayInspect(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
+	require.NoError(t, m.Lock(t.Context()))
+	q, err := etcdlock.InspectLock(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Empty(t, q.Delays, "a holder's record is no pending delay")
+	require.NoError(t, s.Close())
+
+	q, err = etcdlock.InspectLock(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Equal(t, []etcdlock.PendingDelay{{Key: m.Key(), Token: m.Token(), Delay: longDelay}}, q.Delays, "not begun")
+
+	w := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay))
+	wq := startWaiter(t.Context(), w)
+	require.Equal(t, etcdlock.LockDelayPrefix+m.Key(), wq.waitIdle(t))
+	q, err = etcdlock.InspectLock(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Len(t, q.Delays, 1)
+	d := q.Delays[0]
+	require.True(t, d.Started)
+	require.NotZero(t, d.Lease)
+	require.Greater(t, d.Left, 59*time.Minute)
+	require.Empty(t, q.Holders())
+	require.Len(t, q.Waiters(), 1)
+	require.Equal(t, w.Key(), q.Waiters()[0].Key)
+
+	_, err = cli.Revoke(t.Context(), d.Lease) // end the hour now
+	require.NoError(t, err)
+	require.NoError(t, wq.result(t, 30*time.Second))
+	q, err = etcdlock.InspectLock(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Empty(t, q.Delays)
+	require.Equal(t, w.Key(), q.Holders()[0].Key, "the holder's own record does not make it wait")
+	require.NoError(t, w.Unlock(t.Context()))
+}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -60,7 +61,27 @@ type LockQueue struct {
 	Name     string
 	Revision int64      // the etcd revision at which every key was read
 	Keys     []QueueKey // oldest create revision first; holders first
-	holders  int
+	// Delays are the lock delays pending at Revision (WithLockDelay):
+	// holds that ended without Unlock, whose delay keeps the next
+	// holder out. None when the delay records could not be read (no
+	// read permission on them).
+	Delays  []PendingDelay
+	holders int
+}
+
+// A PendingDelay is a lock delay that keeps a lock free after a hold
+// ended without Unlock (WithLockDelay).
+type PendingDelay struct {
+	Key   string        // the key of the hold that ended: name/<lease ID in hex>
+	Token int64         // its token
+	Delay time.Duration // the delay it asked for
+	// Started says a waiter has begun the delay: it ends when Lease
+	// does, Left from the read (unless the leases were not read: then
+	// Left is 0). A delay not started begins with the next Lock or
+	// TryLock of the lock.
+	Started bool
+	Lease   clientv3.LeaseID
+	Left    time.Duration
 }
 
 // Holders returns the keys that hold the lock: none when it is free, one
@@ -160,6 +181,9 @@ func InspectLock(ctx context.Context, cli *clientv3.Client, name string, opts ..
 		return nil, err
 	}
 	q.holders = markHolders(q.Keys)
+	if err := readDelays(ctx, cli, q, o); err != nil {
+		return nil, err
+	}
 	if err := readRequests(ctx, cli, q, o); err != nil {
 		return nil, err
 	}
@@ -228,6 +252,66 @@ func readQueue(ctx context.Context, cli *clientv3.Client, name string, o inspect
 			return nil, err
 		}
 	}
+}
+
+// readDelays reads the pending lock delays of q's lock, at q's revision,
+// and the time left of those started (unless o leaves leases unread). A
+// pending delay keeps out the keys behind its hold that the grant rule
+// would admit, but for those that wrote a record of their own (admitted
+// before the delay began): they are shown waiting. It returns only ctx's
+// error: without read permission on the records, none is read.
+func readDelays(ctx context.Context, cli *clientv3.Client, q *LockQueue, o inspectOptions) error {
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithRev(q.Revision)}
+	if o.serializable {
+		opts = append(opts, clientv3.WithSerializable())
+	}
+	pfx := LockDelayPrefix + q.Name + "/"
+	resp, err := cli.Get(ctx, pfx, opts...)
+	if err != nil {
+		return ctx.Err()
+	}
+	recorded := map[string]int64{}
+	minToken := int64(-1)
+	for _, kv := range resp.Kvs {
+		if !isChild(pfx, kv.Key) {
+			continue
+		}
+		key := strings.TrimPrefix(string(kv.Key), LockDelayPrefix)
+		token, secs := parseDelay(kv.Value)
+		if slices.ContainsFunc(q.Keys, func(k QueueKey) bool { return k.Key == key && k.Token == token }) {
+			recorded[key] = token
+			continue
+		}
+		q.Delays = append(q.Delays, PendingDelay{Key: key, Token: token, Delay: time.Duration(secs) * time.Second,
+			Started: kv.Lease != 0, Lease: clientv3.LeaseID(kv.Lease)})
+		if minToken < 0 || token < minToken {
+			minToken = token
+		}
+	}
+	if minToken >= 0 {
+		for i, k := range q.Keys[:q.holders] {
+			if _, ok := recorded[k.Key]; k.Token > minToken && !ok {
+				for j := i; j < q.holders; j++ {
+					q.Keys[j].Holds = false
+				}
+				q.holders = i
+				break
+			}
+		}
+	}
+	if o.noLeases || o.rev > 0 {
+		return nil
+	}
+	for i := range q.Delays {
+		d := &q.Delays[i]
+		if !d.Started {
+			continue
+		}
+		if r, err := cli.TimeToLive(ctx, d.Lease); err == nil && r.TTL > 0 {
+			d.Left = time.Duration(r.TTL) * time.Second
+		}
+	}
+	return nil
 }
 
 // readRequests marks the holders of q to which a release request is
