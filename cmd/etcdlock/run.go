@@ -120,6 +120,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fset.Int64Var(&permits, "permits", 0, "take `N` permits of a Semaphore (with --of): hold together while the permits fit its capacity")
 	fset.Int64Var(&capacity, "of", 0, "the Semaphore's capacity `C`, in permits (with --permits)")
 	onRelease := onReleaseFlag(fset)
+	var lockDelay time.Duration
+	durationVar(fset, &lockDelay, "lock-delay", 0, "if etcdlock dies holding the lock (or loses it), keep the lock free this `duration` after, rounded up to whole seconds, so that CMD's writes in flight land first (0: none)")
 	var also []string
 	fset.Func("also", "also hold the lock `NAME2`, all at once with NAME (repeat for more names)", func(v string) error {
 		also = append(also, v)
@@ -147,6 +149,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("run", "--grace must not be negative")
 	case *try && timeout > 0:
 		return usageErr("run", "--try and --timeout exclude each other")
+	case lockDelay != 0 && (lockDelay < etcdlock.MinTTL || lockDelay > etcdlock.MaxLockDelay):
+		return usageErr("run", "--lock-delay must be between %v and %v, not %v", etcdlock.MinTTL, etcdlock.MaxLockDelay, lockDelay)
+	case lockDelay != 0 && len(also) > 0:
+		return usageErr("run", "--lock-delay does not go with --also: a MultiMutex takes no lock delay")
 	}
 	mode, err := runMode(fset, *shared, permits, capacity)
 	if err != nil {
@@ -161,7 +167,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if *onRelease != nil && len(cmdArgs) == 0 {
 		return usageErr("run", "--on-release passes a request on to CMD: give CMD")
 	}
-	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode, onRelease: *onRelease}
+	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode, onRelease: *onRelease, lockDelay: lockDelay}
 	return r.main(cmdArgs, *try, timeout, *quiet, grace, stdout)
 }
 
@@ -328,6 +334,8 @@ type lockRun struct {
 	// onRelease is sent to CMD when the hold is asked to release
 	// (--on-release); nil: a request is ignored.
 	onRelease os.Signal
+	// lockDelay is --lock-delay's (etcdlock.WithLockDelay); 0 for none.
+	lockDelay time.Duration
 	// mode is what a locker takes: the lock alone (the zero KeyMode), a
 	// read lock (Shared), or permits (Weight of Capacity).
 	mode etcdlock.KeyMode
@@ -365,16 +373,19 @@ func (r *lockRun) newHold(s *etcdlock.Session) holdable {
 	if r.elect != nil {
 		return &candidate{Election: etcdlock.NewElection(s, r.name), value: r.elect.value}
 	}
-	id := etcdlock.WithIdentity(newRunRecord(r.cmdName))
+	opts := []etcdlock.MutexOption{etcdlock.WithIdentity(newRunRecord(r.cmdName))}
+	if r.lockDelay > 0 {
+		opts = append(opts, etcdlock.WithLockDelay(r.lockDelay))
+	}
 	switch {
 	case r.mode.Shared:
-		return reader{etcdlock.NewRWMutex(s, r.name, id)}
+		return reader{etcdlock.NewRWMutex(s, r.name, opts...)}
 	case r.mode.Weight > 0:
-		return permits{etcdlock.NewSemaphore(s, r.name, r.mode.Capacity, id), r.mode.Weight}
+		return permits{etcdlock.NewSemaphore(s, r.name, r.mode.Capacity, opts...), r.mode.Weight}
 	case len(r.also) > 0:
-		return multi{etcdlock.NewMultiMutex(s, r.names(), id), r.name}
+		return multi{etcdlock.NewMultiMutex(s, r.names(), opts...), r.name}
 	}
-	return etcdlock.NewMutex(s, r.name, id)
+	return etcdlock.NewMutex(s, r.name, opts...)
 }
 
 // names returns every name the run locks: NAME, then --also's.

@@ -98,6 +98,18 @@ type statusJSON struct {
 	Holder   *holderJSON   `json:"holder"`   // the oldest holder; null when the lock is free
 	Holders  []*holderJSON `json:"holders"`  // every holder, queue order (Holders[0] is Holder); [] when free
 	Waiters  []waiterJSON  `json:"waiters"`  // queue order; [] when none
+	// Delays are the lock delays pending (etcdlock run --lock-delay):
+	// holds that ended without a release, which keep the lock free for a
+	// while. Absent when none.
+	Delays []delayJSON `json:"lock_delays,omitempty"`
+}
+
+type delayJSON struct {
+	Key     string  `json:"key"`   // the key of the hold that ended
+	Token   int64   `json:"token"` // its token
+	Delay   float64 `json:"delay_seconds"`
+	Started bool    `json:"started"`                // a waiter has begun it; else the next lock begins it
+	Left    *int64  `json:"left_seconds,omitempty"` // what is left of it, when started and read
 }
 
 // modeJSON is what one key of the queue asks for, from its value
@@ -242,7 +254,29 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 	if len(st.Holders) > 0 {
 		st.Holder = st.Holders[0]
 	}
+	for _, d := range q.Delays {
+		dj := delayJSON{Key: d.Key, Token: d.Token, Delay: d.Delay.Seconds(), Started: d.Started}
+		if d.Left > 0 {
+			left := int64(d.Left / time.Second)
+			dj.Left = &left
+		}
+		st.Delays = append(st.Delays, dj)
+	}
 	return st
+}
+
+// printDelays prints st's pending lock delays, a line each.
+func printDelays(w io.Writer, st *statusJSON) {
+	for _, d := range st.Delays {
+		switch {
+		case d.Left != nil:
+			fmt.Fprintf(w, "lock delay: %s ended without a release; the lock stays free %ds more (of %gs)\n", d.Key, *d.Left, d.Delay)
+		case d.Started:
+			fmt.Fprintf(w, "lock delay: %s ended without a release; its %gs delay is running\n", d.Key, d.Delay)
+		default:
+			fmt.Fprintf(w, "lock delay: %s ended without a release; its %gs delay begins with the next lock\n", d.Key, d.Delay)
+		}
+	}
 }
 
 // printStatus prints st as a table. labels, when not nil, names keys (the
@@ -250,13 +284,17 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 // did; the MODE column and the permits line appear when some key is not
 // exclusive.
 func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time.Time) {
-	if st.Holder == nil {
+	defer printDelays(w, st)
+	if st.Holder == nil && len(st.Waiters) == 0 {
 		fmt.Fprintf(w, "lock %q is free (etcd revision %d)\n", st.Name, st.Revision)
 		return
 	}
-	if len(st.Holders) == 1 {
+	switch len(st.Holders) {
+	case 0:
+		fmt.Fprintf(w, "lock %q is held by nobody, %d waiting for a lock delay (etcd revision %d)\n", st.Name, len(st.Waiters), st.Revision)
+	case 1:
 		fmt.Fprintf(w, "lock %q is held, %d waiting (etcd revision %d)\n", st.Name, len(st.Waiters), st.Revision)
-	} else {
+	default:
 		fmt.Fprintf(w, "lock %q is held by %d, %d waiting (etcd revision %d)\n", st.Name, len(st.Holders), len(st.Waiters), st.Revision)
 	}
 	modes := false // whether some key is not exclusive
@@ -300,8 +338,8 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 			fmt.Fprintf(w, "release requested: %s was asked to release (etcdlock release) and has not yet\n", h.Key)
 		}
 	}
-	if labels != nil {
-		return // the demo tells the rest itself
+	if labels != nil || st.Holder == nil {
+		return // the demo tells the rest itself; nobody holds
 	}
 	if len(st.Holders) > 1 {
 		recorded := false
@@ -487,7 +525,10 @@ func watchStatus(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, rea
 // statusLine tells st on one line: "free", or "held by KEY (token N, who),
 // 2 waiting".
 func statusLine(st *statusJSON) string {
-	if st.Holder == nil {
+	switch {
+	case st.Holder == nil && len(st.Delays) > 0:
+		return fmt.Sprintf("free, in a lock delay, %d waiting", len(st.Waiters))
+	case st.Holder == nil:
 		return "free"
 	}
 	h := st.Holder

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/stretchr/testify/require"
+)
+
+// TestRunLockDelay: a holder whose session ends with the lock held
+// leaves a pending delay, which status shows; run --lock-delay waits it
+// out (the holder's 2s, not its own 1s) and, exiting cleanly, leaves
+// none.
+func TestRunLockDelay(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(2*time.Second))
+	require.NoError(t, m.Lock(t.Context()))
+	ended := time.Now()
+	require.NoError(t, s.Close())
+
+	r := runProc(t, nil, "status", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "lock delay: "+m.Key()+" ended without a release; its 2s delay begins with the next lock")
+
+	r = runProc(t, nil, "run", ep(), "--lock-delay", "1s", name, "--", "true")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.GreaterOrEqual(t, time.Since(ended), 2*time.Second)
+
+	r = runProc(t, nil, "status", "--json", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st struct {
+		Delays []delayJSON `json:"lock_delays"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Empty(t, st.Delays)
+	require.Contains(t, r.stdout, `"holder": null`)
+}
+
+// TestStatusWaitingForDelay: a waiter kept out by a delay that has begun
+// shows as waiting, with the delay's time left; the lock is held by
+// nobody.
+func TestStatusWaitingForDelay(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(time.Hour))
+	require.NoError(t, m.Lock(t.Context()))
+	require.NoError(t, s.Close())
+	ws, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	t.Cleanup(func() { ws.Close() })
+	w := etcdlock.NewMutex(ws, name, etcdlock.WithLockDelay(time.Second))
+	locked := make(chan error, 1)
+	go func() { locked <- w.Lock(t.Context()) }()
+	var q *etcdlock.LockQueue
+	require.Eventually(t, func() bool {
+		q, err = etcdlock.InspectLock(t.Context(), cli, name)
+		return err == nil && len(q.Waiters()) == 1 && len(q.Delays) == 1 && q.Delays[0].Started
+	}, 10*time.Second, 10*time.Millisecond)
+
+	r := runProc(t, nil, "status", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "is held by nobody, 1 waiting for a lock delay")
+	require.Contains(t, r.stdout, w.Key())
+	require.Regexp(t, `lock delay: `+m.Key()+` ended without a release; the lock stays free \d+s more \(of 3600s\)`, r.stdout)
+
+	_, err = cli.Revoke(t.Context(), q.Delays[0].Lease)
+	require.NoError(t, err)
+	select {
+	case err := <-locked:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("not admitted 30s after the delay ended")
+	}
+	require.NoError(t, w.Unlock(t.Context()))
+}
