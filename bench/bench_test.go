@@ -317,6 +317,14 @@ func BenchmarkSemaphore(b *testing.B) {
 	}
 }
 
+// BenchmarkLockDelay: our Mutex with WithLockDelay against our Mutex
+// without, uncontended and with 4 contenders.
+func BenchmarkLockDelay(b *testing.B) {
+	for _, name := range []string{"delay-uncontended", "delay-contend-4"} {
+		b.Run(name, func(b *testing.B) { benchScenario(b, name) })
+	}
+}
+
 // BenchmarkMultiMutex: one hold over two names, our MultiMutex against a
 // Mutex per name locked in sorted order (etcd's, and ours).
 func BenchmarkMultiMutex(b *testing.B) {
