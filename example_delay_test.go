@@ -28,6 +28,12 @@ func ExampleWithLockDelay() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	s, err := etcdlock.NewSession(ctx, cli)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+
 	m := etcdlock.NewMutex(crashed, "example/printer", etcdlock.WithLockDelay(delay))
 	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err)
@@ -35,11 +41,6 @@ func ExampleWithLockDelay() {
 	ended := time.Now()
 	crashed.Close() // the lease ends with the lock held: no Unlock
 
-	s, err := etcdlock.NewSession(ctx, cli)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer s.Close()
 	next := etcdlock.NewMutex(s, "example/printer", etcdlock.WithLockDelay(delay))
 	if err := next.Lock(ctx); err != nil {
 		log.Fatal(err)
