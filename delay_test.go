@@ -2,6 +2,8 @@ package etcdlock_test
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -34,6 +36,11 @@ func delayRecords(t *testing.T, cli *clientv3.Client, name string) map[string]*r
 		recs[strings.TrimPrefix(string(kv.Key), etcdlock.LockDelayPrefix)] = &recordKV{value: string(kv.Value), lease: kv.Lease}
 	}
 	return recs
+}
+
+// recordKeys returns the holder keys of records, sorted.
+func recordKeys(recs map[string]*recordKV) []string {
+	return slices.Sorted(maps.Keys(recs))
 }
 
 type recordKV struct {
@@ -373,6 +380,55 @@ func TestLockDelaySchedules(t *testing.T) {
 		require.NoError(t, q.result(t, 30*time.Second))
 		require.GreaterOrEqual(t, time.Since(closed), testDelay)
 		require.NoError(t, w.Unlock(t.Context()))
+	})
+
+	// The record is gone (its delay ran out, started by another waiter)
+	// when the waiter's start arrives: the start must not put it back,
+	// or the waiter would wait an hour.
+	t.Run("GoneBeforeStart", func(t *testing.T) {
+		t.Parallel()
+		name := lockName(t)
+		s, err := etcdlock.NewSession(t.Context(), cli)
+		require.NoError(t, err)
+		m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
+		require.NoError(t, m.Lock(t.Context()))
+		var in etcdtest.Injector
+		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+		fired := in.At(etcdtest.Nth(1, delayPut(true)), etcdtest.Action{Before: func(etcdtest.RPC) {
+			if _, err := cli.Delete(t.Context(), etcdlock.LockDelayPrefix+m.Key()); err != nil {
+				t.Errorf("delete the record: %v", err)
+			}
+		}})
+		w := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(longDelay))
+		q := startWaiter(t.Context(), w)
+		q.waitIdle(t)
+		require.NoError(t, s.Close())
+		<-fired
+		require.NoError(t, q.result(t, 30*time.Second), "the start put the record back")
+		require.Equal(t, []string{w.Key()}, recordKeys(delayRecords(t, cli, name)), "only the new holder's record")
+		require.NoError(t, w.Unlock(t.Context()))
+	})
+
+	// A waiter whose ctx ends while it waits out a delay leaves: its key
+	// goes, the delay stays for the others.
+	t.Run("CancelledInDelay", func(t *testing.T) {
+		t.Parallel()
+		name := lockName(t)
+		s, err := etcdlock.NewSession(t.Context(), cli)
+		require.NoError(t, err)
+		m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
+		require.NoError(t, m.Lock(t.Context()))
+		require.NoError(t, s.Close())
+		ctx, cancel := context.WithCancel(t.Context())
+		w := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(longDelay))
+		q := startWaiter(ctx, w)
+		require.Equal(t, etcdlock.LockDelayPrefix+m.Key(), q.waitIdle(t))
+		cancel()
+		require.ErrorIs(t, q.result(t, 30*time.Second), context.Canceled)
+		require.Empty(t, keys(t, cli, name))
+		rec := delayRecords(t, cli, name)[m.Key()]
+		require.NotNil(t, rec, "the delay stays")
+		require.NotZero(t, rec.lease, "begun")
 	})
 
 	// Two readers behind a writer whose session ends are both admitted
