@@ -78,6 +78,9 @@ func TestLockDelayRecord(t *testing.T) {
 	require.NoError(t, m.Lock(t.Context()))
 	recs := delayRecords(t, cli, name)
 	require.Equal(t, map[string]*recordKV{m.Key(): {value: strconv.FormatInt(m.Token(), 10) + " 3600", lease: 0}}, recs)
+	l, err := etcdlock.ListLocks(t.Context(), cli, etcdlock.LockDelayPrefix)
+	require.NoError(t, err)
+	require.Empty(t, l.Locks, "a record is no lock")
 
 	w := etcdlock.NewMutex(newSession(t, cli), name)
 	q := startWaiter(t.Context(), w)

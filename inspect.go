@@ -444,7 +444,9 @@ type LockList struct {
 // (a linearizable read), returned as Revision. The holders' leases are not
 // read (their LeaseErr says so); InspectLock reads them for one lock. Keys
 // under prefix that are no lock's key (no "/" after prefix, or ending in
-// "/") are skipped. It returns etcd's error if a read fails.
+// "/") are skipped, and so are the library's own keys under
+// "__etcdlock/" (release requests, lock delay records), which no lock
+// has. It returns etcd's error if a read fails.
 func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockList, error) {
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	byName := map[string][]QueueKey{}
@@ -468,8 +470,8 @@ func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockL
 		for _, kv := range resp.Kvs {
 			key := string(kv.Key)
 			name, ok := LockOfKey(key)
-			if !ok || !strings.HasPrefix(name, prefix) {
-				continue
+			if !ok || !strings.HasPrefix(name, prefix) || strings.HasPrefix(name, reservedPrefix) {
+				continue // not a lock's key, or the library's own (a request, a delay)
 			}
 			byName[name] = append(byName[name], queueKey(key, clientv3.LeaseID(kv.Lease), kv.CreateRevision, kv.Value))
 		}
