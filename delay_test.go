@@ -532,3 +532,41 @@ func TestLockDelayInspect(t *testing.T) {
 	require.Equal(t, w.Key(), q.Holders()[0].Key, "the holder's own record does not make it wait")
 	require.NoError(t, w.Unlock(t.Context()))
 }
+
+// TestLockDelayFIFO: a delay keeps the queue's order and wakes no herd:
+// only the next in line waits for the delay's record; the waiter behind
+// it keeps watching the key just ahead, and is admitted after it.
+func TestLockDelayFIFO(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
+	require.NoError(t, m.Lock(t.Context()))
+	w1 := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay))
+	q1 := startWaiter(t.Context(), w1)
+	require.Equal(t, m.Key(), q1.waitIdle(t))
+	w2 := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay))
+	q2 := startWaiter(t.Context(), w2)
+	require.Equal(t, w1.Key(), q2.waitIdle(t))
+
+	require.NoError(t, s.Close())
+	require.Equal(t, etcdlock.LockDelayPrefix+m.Key(), q1.waitIdle(t), "the next in line waits for the delay")
+	q2.assertWaiting(t)
+	select {
+	case k := <-q2.idle:
+		t.Fatalf("the waiter behind was woken, and now watches %s", k)
+	default:
+	}
+	q, err := etcdlock.InspectLock(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Len(t, q.Delays, 1)
+	_, err = cli.Revoke(t.Context(), q.Delays[0].Lease) // end the hour now
+	require.NoError(t, err)
+	require.NoError(t, q1.result(t, 30*time.Second))
+	q2.assertWaiting(t)
+	require.NoError(t, w1.Unlock(t.Context()))
+	require.NoError(t, q2.result(t, 30*time.Second))
+	require.NoError(t, w2.Unlock(t.Context()))
+}
