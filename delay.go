@@ -7,11 +7,13 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // The lock delay (WithLockDelay). A hold with a delay writes a record,
-// LockDelayPrefix + its key, once it is admitted; its Unlock deletes the
+// LockDelayPrefix + its key, once it is admitted (in the Txn that admits
+// it when it can: place, tryPut); its Unlock deletes the
 // record in the Txn that deletes the key. So a record whose key is gone
 // (or has another create revision) says its hold ended without Unlock:
 // the lease ended (expiry, revoke, Session.Close), someone deleted the key,
@@ -63,9 +65,11 @@ const MaxLockDelay = 24 * time.Hour
 // returns ErrLocked and starts it), which then waits d: etcd records no
 // time a later waiter could count from.
 //
-// A waiter writes nothing for it, so a waiter that dies delays nobody. It
-// costs a hold one more RPC when it is admitted (the record's write), one
-// more range in the queue's reads, and nothing per Unlock. Values below
+// A waiter writes nothing for it, so a waiter that dies delays nobody. An
+// uncontended Lock and a TryLock write the record in the Txn that takes
+// the lock, and Unlock deletes it in the Txn that releases: no RPC of its
+// own. A hold admitted after waiting writes it in one more RPC; the
+// queue's reads carry one more range. Values below
 // MinTTL or above MaxLockDelay are an error, as is the option on a
 // MultiMutex. Default: no delay.
 func WithLockDelay(d time.Duration) MutexOption {
@@ -88,19 +92,24 @@ func delayKey(key string) string { return LockDelayPrefix + key }
 func (q *queue) delayPfx() string { return LockDelayPrefix + q.pfx }
 
 // delayValue is a record's value: the hold's token and the delay in
-// seconds.
+// seconds. Token 0 stands for the record's own create revision: a record
+// put in the Txn that puts its key (an uncontended Lock, a Try) cannot
+// know the revision, which is the key's.
 func delayValue(token, secs int64) string {
 	return strconv.FormatInt(token, 10) + " " + strconv.FormatInt(secs, 10)
 }
 
-// parseDelay reads a record's value. A value it cannot read is a delay
-// of one second for a key that never held (token 0), so that it passes.
-func parseDelay(v []byte) (token, secs int64) {
-	t, s, ok := strings.Cut(string(v), " ")
+// parseDelay reads a record. A value it cannot read is a delay of one
+// second for a key that never held (token 0), so that it passes.
+func parseDelay(kv *mvccpb.KeyValue) (token, secs int64) {
+	t, s, ok := strings.Cut(string(kv.Value), " ")
 	token, err1 := strconv.ParseInt(t, 10, 64)
 	secs, err2 := strconv.ParseInt(s, 10, 64)
 	if !ok || err1 != nil || err2 != nil || token < 0 || secs < 1 {
 		return 0, 1
+	}
+	if token == 0 {
+		token = kv.CreateRevision
 	}
 	return token, min(secs, ttlSeconds(MaxLockDelay))
 }
@@ -148,7 +157,7 @@ func (q *queue) pendingDelays(me entry, r *pb.RangeResponse, live func(key strin
 		if !isChild(pfx, kv.Key) {
 			continue // a nested lock's
 		}
-		token, secs := parseDelay(kv.Value)
+		token, secs := parseDelay(kv)
 		if me.rev != 0 && token >= me.rev {
 			continue // behind me: admitted with me, or after me
 		}
@@ -221,11 +230,17 @@ func (q *queue) writeDelay(ctx context.Context, rev int64) error {
 }
 
 // opDropDelay deletes the delay record of the hold created at rev, if
-// the record is that hold's: the release of a hold that Lock never
+// the record is that hold's (its token is rev, written out or as the
+// record's own create revision): the release of a hold that Lock never
 // returned (it wrote nothing yet).
 func (q *queue) opDropDelay(rev int64) clientv3.Op {
-	k := delayKey(q.key)
+	k, secs := delayKey(q.key), ttlSeconds(q.opts.delay)
+	del := []clientv3.Op{clientv3.OpDelete(k)}
 	return clientv3.OpTxn(
-		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(k), "=", delayValue(rev, ttlSeconds(q.opts.delay)))},
-		[]clientv3.Op{clientv3.OpDelete(k)}, nil)
+		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(k), "=", delayValue(rev, secs))},
+		del,
+		[]clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{
+			clientv3.Compare(clientv3.Value(k), "=", delayValue(0, secs)),
+			clientv3.Compare(clientv3.CreateRevision(k), "=", rev),
+		}, del, nil)})
 }

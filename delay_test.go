@@ -33,7 +33,17 @@ func delayRecords(t *testing.T, cli *clientv3.Client, name string) map[string]*r
 	require.NoError(t, err)
 	recs := map[string]*recordKV{}
 	for _, kv := range resp.Kvs {
-		recs[strings.TrimPrefix(string(kv.Key), etcdlock.LockDelayPrefix)] = &recordKV{value: string(kv.Value), lease: kv.Lease}
+		// "TOKEN SECONDS"; token 0 is the record's create revision.
+		f := strings.Fields(string(kv.Value))
+		require.Len(t, f, 2, "record %s: %q", kv.Key, kv.Value)
+		token, err := strconv.ParseInt(f[0], 10, 64)
+		require.NoError(t, err)
+		if token == 0 {
+			token = kv.CreateRevision
+		}
+		secs, err := strconv.ParseInt(f[1], 10, 64)
+		require.NoError(t, err)
+		recs[strings.TrimPrefix(string(kv.Key), etcdlock.LockDelayPrefix)] = &recordKV{token: token, secs: secs, lease: kv.Lease}
 	}
 	return recs
 }
@@ -44,8 +54,8 @@ func recordKeys(recs map[string]*recordKV) []string {
 }
 
 type recordKV struct {
-	value string
-	lease int64
+	token, secs int64 // the hold's token, its delay in seconds
+	lease       int64
 }
 
 // TestLockDelayOptions: invalid delays are ErrInvalidOption, and a
@@ -77,7 +87,7 @@ func TestLockDelayRecord(t *testing.T) {
 	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
 	require.NoError(t, m.Lock(t.Context()))
 	recs := delayRecords(t, cli, name)
-	require.Equal(t, map[string]*recordKV{m.Key(): {value: strconv.FormatInt(m.Token(), 10) + " 3600", lease: 0}}, recs)
+	require.Equal(t, map[string]*recordKV{m.Key(): {token: m.Token(), secs: 3600}}, recs)
 	l, err := etcdlock.ListLocks(t.Context(), cli, etcdlock.LockDelayPrefix)
 	require.NoError(t, err)
 	require.Empty(t, l.Locks, "a record is no lock")
@@ -301,13 +311,22 @@ func delayPut(leased bool) func(etcdtest.RPC) bool {
 		if !ok {
 			return false
 		}
-		for _, op := range txn.Success {
-			if put := op.GetRequestPut(); put != nil && strings.HasPrefix(string(put.Key), etcdlock.LockDelayPrefix) && (put.Lease != 0) == leased {
-				return true
-			}
-		}
-		return false
+		return putsDelay(txn, leased)
 	}
+}
+
+// putsDelay reports whether txn, or a Txn nested in it, puts a delay
+// record (on a lease when leased).
+func putsDelay(txn *pb.TxnRequest, leased bool) bool {
+	for _, op := range append(txn.Success, txn.Failure...) {
+		if put := op.GetRequestPut(); put != nil && strings.HasPrefix(string(put.Key), etcdlock.LockDelayPrefix) && (put.Lease != 0) == leased {
+			return true
+		}
+		if in := op.GetRequestTxn(); in != nil && putsDelay(in, leased) {
+			return true
+		}
+	}
+	return false
 }
 
 // answerLost is an Action that loses the answer of an RPC etcd applied.
@@ -326,19 +345,34 @@ func TestLockDelaySchedules(t *testing.T) {
 
 	// The answer of the Txn that writes the holder's record is lost:
 	// it is sent again, and the hold has its record.
-	t.Run("RecordAnswerLost", func(t *testing.T) {
-		t.Parallel()
-		name := lockName(t)
-		var in etcdtest.Injector
-		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
-		fired := in.At(etcdtest.Nth(1, delayPut(false)), answerLost)
-		m := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(longDelay))
-		require.NoError(t, m.Lock(t.Context()))
-		<-fired
-		require.Equal(t, strconv.FormatInt(m.Token(), 10)+" 3600", delayRecords(t, cli, name)[m.Key()].value)
-		require.NoError(t, m.Unlock(t.Context()))
-		require.Empty(t, delayRecords(t, cli, name))
-	})
+	for _, c := range []struct {
+		name      string
+		contended bool
+	}{{"Uncontended", false}, {"Contended", true}} {
+		t.Run("RecordAnswerLost/"+c.name, func(t *testing.T) {
+			t.Parallel()
+			name := lockName(t)
+			var h *etcdlock.Mutex
+			if c.contended {
+				h = etcdlock.NewMutex(newSession(t, cli), name)
+				require.NoError(t, h.Lock(t.Context()))
+			}
+			var in etcdtest.Injector
+			icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+			fired := in.At(etcdtest.Nth(1, delayPut(false)), answerLost)
+			m := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(longDelay))
+			q := startWaiter(t.Context(), m)
+			if c.contended {
+				q.waitIdle(t)
+				require.NoError(t, h.Unlock(t.Context()))
+			}
+			require.NoError(t, q.result(t, 30*time.Second))
+			<-fired
+			require.Equal(t, map[string]*recordKV{m.Key(): {token: m.Token(), secs: 3600}}, delayRecords(t, cli, name))
+			require.NoError(t, m.Unlock(t.Context()))
+			require.Empty(t, delayRecords(t, cli, name))
+		})
+	}
 
 	// The answer of the Unlock that deleted key and record is lost: it
 	// is sent again, finds the key gone, and is a clean release: no
@@ -569,4 +603,28 @@ func TestLockDelayFIFO(t *testing.T) {
 	require.NoError(t, w1.Unlock(t.Context()))
 	require.NoError(t, q2.result(t, 30*time.Second))
 	require.NoError(t, w2.Unlock(t.Context()))
+}
+
+// TestLockDelayRPCs: with a delay, an uncontended Lock+Unlock is still 2
+// RPCs (the place Txn writes the record when it finds the lock free and
+// no delay pending), and a free TryLock+Unlock still 3 (its guarded put
+// writes it).
+func TestLockDelayRPCs(t *testing.T) {
+	t.Parallel()
+	var rpcs etcdtest.RPCCounter
+	cli := cluster.Client(t, clientv3.Config{DialOptions: rpcs.DialOptions()})
+	name := lockName(t)
+	m := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(longDelay))
+	before := rpcs.Total()
+	require.NoError(t, m.Lock(t.Context()))
+	require.NotNil(t, delayRecords(t, newClient(t), name)[m.Key()])
+	require.NoError(t, m.Unlock(t.Context()))
+	require.EqualValues(t, 2, rpcs.Total()-before, "uncontended Lock+Unlock")
+
+	before = rpcs.Total()
+	require.NoError(t, m.TryLock(t.Context()))
+	require.NotNil(t, delayRecords(t, newClient(t), name)[m.Key()])
+	require.NoError(t, m.Unlock(t.Context()))
+	require.EqualValues(t, 3, rpcs.Total()-before, "free TryLock+Unlock")
+	require.Empty(t, delayRecords(t, newClient(t), name))
 }

@@ -277,7 +277,7 @@ func readDelays(ctx context.Context, cli *clientv3.Client, q *LockQueue, o inspe
 			continue
 		}
 		key := strings.TrimPrefix(string(kv.Key), LockDelayPrefix)
-		token, secs := parseDelay(kv.Value)
+		token, secs := parseDelay(kv)
 		if slices.ContainsFunc(q.Keys, func(k QueueKey) bool { return k.Key == key && k.Token == token }) {
 			recorded[key] = token
 			continue

@@ -15,13 +15,13 @@ import (
 // acquire joins the queue in mode and waits for its turn. It returns the
 // create revision of the key and the header of the response that showed
 // the hold was admitted. On failure it leaves no key (fail).
-func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, err error) {
-	rev, page, delays, hdr, err := q.placeKey(ctx, mode, val)
+func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, recorded bool, err error) {
+	rev, page, delays, recorded, hdr, err := q.placeKey(ctx, mode, val)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, false, err
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, nil, q.fail(ctx, rev, err)
+		return 0, nil, false, q.fail(ctx, rev, err)
 	}
 	w := waiter{q: q, me: entry{key: q.key, rev: rev, mode: mode}}
 	w.read, err = q.scan(ctx, w.me, page, delays, hdr)
@@ -33,26 +33,27 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int6
 		w.read, err = w.reread(ctx, &backoff)
 	}
 	if err != nil {
-		return 0, nil, q.fail(ctx, rev, err)
+		return 0, nil, false, q.fail(ctx, rev, err)
 	}
 	hdr = w.read.hdr
 	if len(w.read.blockers) > 0 {
 		if hdr, err = w.wait(ctx); err != nil {
-			return 0, nil, q.fail(ctx, rev, err)
+			return 0, nil, false, q.fail(ctx, rev, err)
 		}
 	}
 	// "Acquired after we were cancelled: pretend we didn't" (x/sync).
 	if err := ctx.Err(); err != nil {
-		return 0, nil, q.fail(ctx, rev, err)
+		return 0, nil, false, q.fail(ctx, rev, err)
 	}
-	return rev, hdr, nil
+	return rev, hdr, recorded, nil
 }
 
 // placeKey puts this session's key in mode, and returns its create
 // revision, the first page of the queue and the lock's delay records,
-// read in the same Txn, whose response has header hdr. On failure it
-// leaves no key (fail).
-func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int64, page, delays *pb.RangeResponse, hdr *pb.ResponseHeader, err error) {
+// read in the same Txn, whose response has header hdr, and whether that
+// Txn also wrote the hold's delay record (recorded: see place). On
+// failure it leaves no key (fail).
+func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int64, page, delays *pb.RangeResponse, recorded bool, hdr *pb.ResponseHeader, err error) {
 	// One round trip puts the key and reads the newest keys under the
 	// prefix. Read after the put in the same Txn, they show who is ahead:
 	// uncontended Lock is this one RPC. If this session already has a key
@@ -69,7 +70,7 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 		if err != nil {
 			// The Txn may have been applied even though its answer was
 			// lost: remove the key by name.
-			return 0, nil, nil, nil, q.fail(ctx, 0, err)
+			return 0, nil, nil, false, nil, q.fail(ctx, 0, err)
 		}
 		if resp.Succeeded {
 			break
@@ -82,20 +83,21 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 			// Someone re-created our key in another mode between the two
 			// round trips: only this process uses it, so that cannot
 			// happen short of a misuse of the lease.
-			return 0, nil, nil, nil, q.fail(ctx, 0, errorf("key %s keeps its other mode", q.key))
+			return 0, nil, nil, false, nil, q.fail(ctx, 0, errorf("key %s keeps its other mode", q.key))
 		}
 		old := in.Responses[0].GetResponseRange().Kvs
 		if len(old) > 0 {
 			if err := q.remove(ctx, old[0].CreateRevision); err != nil {
-				return 0, nil, nil, nil, err
+				return 0, nil, nil, false, nil, err
 			}
 		}
 	}
 	if resp.Succeeded {
-		return resp.Header.Revision, resp.Responses[1].GetResponseRange(), rangeAt(resp.Responses, 2), resp.Header, nil
+		recorded = len(resp.Responses) > 3 && resp.Responses[3].GetResponseTxn().Succeeded
+		return resp.Header.Revision, resp.Responses[1].GetResponseRange(), rangeAt(resp.Responses, 2), recorded, resp.Header, nil
 	}
 	in := resp.Responses[0].GetResponseTxn()
-	return in.Responses[1].GetResponseRange().Kvs[0].CreateRevision, in.Responses[2].GetResponseRange(), rangeAt(in.Responses, 3), resp.Header, nil
+	return in.Responses[1].GetResponseRange().Kvs[0].CreateRevision, in.Responses[2].GetResponseRange(), rangeAt(in.Responses, 3), false, resp.Header, nil
 }
 
 // join is place, sent again after an error that passes (retryable) while
@@ -136,11 +138,26 @@ func (q *queue) place(ctx context.Context, mode KeyMode, val string) (*clientv3.
 		return q.placeSetTxn(ctx, val)
 	}
 	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
+	then := []clientv3.Op{put, q.opQueue(mode, 0)}
+	if q.opts.delay > 0 {
+		// A hold with a delay writes its record once admitted. When
+		// nothing is under the prefix nor in the delay records before
+		// this Txn, it is admitted by it: the record goes in the same
+		// Txn, which saves the uncontended Lock the record's own RPC.
+		// (etcd evaluates a nested Txn's compares before any write of
+		// the Txn.) Its create revision is the key's: its token.
+		then = append(then, q.delayOps()[0], clientv3.OpTxn(
+			[]clientv3.Cmp{
+				clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix(),
+				clientv3.Compare(clientv3.CreateRevision(q.delayPfx()), "=", 0).WithPrefix(),
+			},
+			[]clientv3.Op{clientv3.OpPut(delayKey(q.key), delayValue(0, ttlSeconds(q.opts.delay)))}, nil))
+	}
 	wctx, cancel := q.writeCtx(ctx)
 	defer cancel()
 	return q.s.cli.Txn(wctx).
 		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)).
-		Then(append([]clientv3.Op{put, q.opQueue(mode, 0)}, q.delayOps()...)...).
+		Then(then...).
 		Else(clientv3.OpTxn(
 			// Our leftover in the same mode keeps its place.
 			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(q.key), "=", val)},

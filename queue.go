@@ -147,6 +147,7 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 	}
 	var rev int64
 	var hdr *pb.ResponseHeader
+	var recorded bool // the write that took the hold wrote its delay record
 	var err error
 	switch {
 	case q.set != nil && wait:
@@ -154,16 +155,16 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 	case q.set != nil:
 		rev, hdr, err = q.tryAcquireSet(bctx, val)
 	case wait:
-		rev, hdr, err = q.acquire(bctx, mode, val)
+		rev, hdr, recorded, err = q.acquire(bctx, mode, val)
 	default:
-		rev, hdr, err = q.tryAcquire(bctx, mode, val)
+		rev, hdr, recorded, err = q.tryAcquire(bctx, mode, val)
 	}
 	if err != nil {
 		q.releaseNames()
 		return nil, q.cause(ctx, err)
 	}
 	h := &hold{rev: rev, mode: mode, hdr: hdr}
-	if q.opts.delay > 0 {
+	if q.opts.delay > 0 && !recorded {
 		if err := q.writeDelay(bctx, rev); err != nil {
 			q.releaseNames()
 			return nil, q.cause(ctx, err)

@@ -15,21 +15,21 @@ import (
 // every key of the queue (a rule that admits me behind everyone admits me
 // at my place), or, for this session's own leftover key in the same mode,
 // at that key's place.
-func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64, *pb.ResponseHeader, error) {
+func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
 	// A read-only Txn answers "held" without a Raft write or a new
 	// revision. etcd sends any Txn with a Put through Raft even when its
 	// compare fails, so only an all-read request is served as a read.
 	first := append([]clientv3.Op{q.opQueue(mode, 0), clientv3.OpGet(q.key)}, q.delayOps()...)
 	resp, err := q.tryReadTxn(ctx, first)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, false, err
 	}
 	backoff := minBackoff
 	for changed := 0; changed < 5; {
 		me, read, err := q.tryRead(ctx, mode, val, resp)
 		if again, rerr := q.tryAgain(ctx, err, &backoff, &changed, first, &resp); again || rerr != nil {
 			if rerr != nil {
-				return 0, nil, rerr
+				return 0, nil, false, rerr
 			}
 			continue
 		}
@@ -37,24 +37,24 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			// A Try starts a pending lock delay, or no Try would ever
 			// end it. If it fails, a later Try or Lock starts it.
 			_ = q.startDelays(ctx, read.delays)
-			return 0, nil, ErrLocked
+			return 0, nil, false, ErrLocked
 		}
 		if read.own != nil && me.rev == 0 {
 			// Our leftover in another mode would be admitted behind
 			// everyone: remove it and place a new key (Invariant K: it is
 			// never Put in another mode).
 			if err := q.remove(ctx, read.own.CreateRevision); err != nil {
-				return 0, nil, err
+				return 0, nil, false, err
 			}
 			if resp, err = q.tryReadTxn(ctx, first); err != nil {
-				return 0, nil, err
+				return 0, nil, false, err
 			}
 			changed++
 			continue
 		}
 		tresp, err := q.tryPut(ctx, val, read, first)
 		if err != nil {
-			return 0, nil, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
+			return 0, nil, false, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
 		}
 		if tresp.Succeeded {
 			rev := tresp.Header.Revision
@@ -62,16 +62,16 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 				rev = read.own.CreateRevision
 			}
 			if err := ctx.Err(); err != nil {
-				return 0, nil, q.fail(ctx, rev, err)
+				return 0, nil, false, q.fail(ctx, rev, err)
 			}
-			return rev, tresp.Header, nil
+			return rev, tresp.Header, q.opts.delay > 0, nil
 		}
 		resp = tresp
 		changed++
 	}
 	// Keys kept changing under the prefix (nested locks' traffic): rather
 	// than spin, report the lock as busy.
-	return 0, nil, ErrLocked
+	return 0, nil, false, ErrLocked
 }
 
 // tryAgain handles err, the error of judging a Try's read: when a later
@@ -159,7 +159,17 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 			clientv3.Compare(clientv3.Value(q.key), "=", val),
 		}
 	}
+	then := []clientv3.Op{put}
+	if q.opts.delay > 0 {
+		// Admitted if the guard holds: the hold's delay record goes in
+		// the same Txn (see place), at the key's create revision.
+		token := int64(0)
+		if read.own != nil {
+			token = read.own.CreateRevision
+		}
+		then = append(then, clientv3.OpPut(delayKey(q.key), delayValue(token, ttlSeconds(q.opts.delay))))
+	}
 	wctx, cancel := q.writeCtx(ctx)
 	defer cancel()
-	return q.s.cli.Txn(wctx).If(cmps...).Then(put).Else(first...).Commit()
+	return q.s.cli.Txn(wctx).If(cmps...).Then(then...).Else(first...).Commit()
 }

@@ -20,7 +20,7 @@ var delayScenarios = []Scenario{
 		Impls:    []string{Etcdlock.Name},
 		Versus:   &Ref{"uncontended", Etcdlock.Name},
 		Baseline: "etcdlock Mutex without a delay",
-		Targets:  []Target{RPCsEqual(3)},
+		Targets:  []Target{RPCsEqual(2)},
 		Run: uncontendedOf("delay-uncontended", func(s Session, name string) func(context.Context) error {
 			m := delayMutex(s, name)
 			return func(ctx context.Context) error { return lockUnlock(ctx, m) }
