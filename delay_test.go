@@ -48,6 +48,24 @@ func delayRecords(t *testing.T, cli *clientv3.Client, name string) map[string]*r
 	return recs
 }
 
+// delayName is lockName for a test of lock delays: at the end of the
+// test it deletes the lock's delay records, so that a delay the test
+// leaves pending (an hour's) does not keep the same test out when
+// -count runs it again on the same etcd.
+func delayName(t *testing.T) string {
+	t.Helper()
+	name := lockName(t)
+	cli := newClient(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := cli.Delete(ctx, etcdlock.LockDelayPrefix+name+"/", clientv3.WithPrefix()); err != nil {
+			t.Errorf("delete the delay records of %s: %v", name, err)
+		}
+	})
+	return name
+}
+
 // recordKeys returns the holder keys of records, sorted.
 func recordKeys(recs map[string]*recordKV) []string {
 	return slices.Sorted(maps.Keys(recs))
@@ -64,7 +82,7 @@ func TestLockDelayOptions(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	s := newSession(t, cli)
-	name := lockName(t)
+	name := delayName(t)
 	for _, d := range []time.Duration{0, -time.Second, 999 * time.Millisecond, etcdlock.MaxLockDelay + time.Second} {
 		err := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(d)).Lock(t.Context())
 		require.ErrorIs(t, err, etcdlock.ErrInvalidOption, "delay %v", d)
@@ -82,7 +100,7 @@ func TestLockDelayOptions(t *testing.T) {
 func TestLockDelayRecord(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
-	name := lockName(t)
+	name := delayName(t)
 	s := newSession(t, cli)
 	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
 	require.NoError(t, m.Lock(t.Context()))
@@ -120,7 +138,7 @@ func TestLockDelayAfterClose(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			cli := newClient(t)
-			name := lockName(t)
+			name := delayName(t)
 			s, err := etcdlock.NewSession(t.Context(), cli)
 			require.NoError(t, err)
 			m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
@@ -147,7 +165,7 @@ func TestLockDelayAfterClose(t *testing.T) {
 func TestLockDelayLostHold(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
-	name := lockName(t)
+	name := delayName(t)
 	m := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay))
 	require.NoError(t, m.Lock(t.Context()))
 	w := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay))
@@ -170,7 +188,7 @@ func TestLockDelayLostHold(t *testing.T) {
 func TestLockDelayStartedByTry(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
-	name := lockName(t)
+	name := delayName(t)
 	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
@@ -200,7 +218,7 @@ func TestLockDelayStartedByTry(t *testing.T) {
 func TestLockDelayWaiterEndsNoDelay(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
-	name := lockName(t)
+	name := delayName(t)
 	h := etcdlock.NewMutex(newSession(t, cli), name)
 	require.NoError(t, h.Lock(t.Context()))
 	ws, err := etcdlock.NewSession(t.Context(), cli)
@@ -258,7 +276,7 @@ func TestLockDelayOtherPrimitives(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			name := lockName(t)
+			name := delayName(t)
 			s, err := etcdlock.NewSession(t.Context(), cli)
 			require.NoError(t, err)
 			require.NoError(t, c.hold(s, name))
@@ -286,7 +304,7 @@ func TestLockDelayOtherPrimitives(t *testing.T) {
 func TestLockDelayOnlyWithTheOption(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
-	name := lockName(t)
+	name := delayName(t)
 	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
@@ -351,7 +369,7 @@ func TestLockDelaySchedules(t *testing.T) {
 	}{{"Uncontended", false}, {"Contended", true}} {
 		t.Run("RecordAnswerLost/"+c.name, func(t *testing.T) {
 			t.Parallel()
-			name := lockName(t)
+			name := delayName(t)
 			var h *etcdlock.Mutex
 			if c.contended {
 				h = etcdlock.NewMutex(newSession(t, cli), name)
@@ -379,7 +397,7 @@ func TestLockDelaySchedules(t *testing.T) {
 	// delay for the waiter.
 	t.Run("UnlockAnswerLost", func(t *testing.T) {
 		t.Parallel()
-		name := lockName(t)
+		name := delayName(t)
 		var in etcdtest.Injector
 		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
 		m := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(longDelay))
@@ -400,7 +418,7 @@ func TestLockDelaySchedules(t *testing.T) {
 	// and waits it out once.
 	t.Run("StartAnswerLost", func(t *testing.T) {
 		t.Parallel()
-		name := lockName(t)
+		name := delayName(t)
 		s, err := etcdlock.NewSession(t.Context(), cli)
 		require.NoError(t, err)
 		m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
@@ -424,7 +442,7 @@ func TestLockDelaySchedules(t *testing.T) {
 	// or the waiter would wait an hour.
 	t.Run("GoneBeforeStart", func(t *testing.T) {
 		t.Parallel()
-		name := lockName(t)
+		name := delayName(t)
 		s, err := etcdlock.NewSession(t.Context(), cli)
 		require.NoError(t, err)
 		m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
@@ -450,7 +468,7 @@ func TestLockDelaySchedules(t *testing.T) {
 	// goes, the delay stays for the others.
 	t.Run("CancelledInDelay", func(t *testing.T) {
 		t.Parallel()
-		name := lockName(t)
+		name := delayName(t)
 		s, err := etcdlock.NewSession(t.Context(), cli)
 		require.NoError(t, err)
 		m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
@@ -474,7 +492,7 @@ func TestLockDelaySchedules(t *testing.T) {
 	// wait it out.
 	t.Run("TwoStart", func(t *testing.T) {
 		t.Parallel()
-		name := lockName(t)
+		name := delayName(t)
 		s, err := etcdlock.NewSession(t.Context(), cli)
 		require.NoError(t, err)
 		require.NoError(t, etcdlock.NewRWMutex(s, name, etcdlock.WithLockDelay(testDelay)).Lock(t.Context()))
@@ -529,7 +547,7 @@ func TestLockDelaySchedules(t *testing.T) {
 func TestLockDelayInspect(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
-	name := lockName(t)
+	name := delayName(t)
 	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
@@ -573,7 +591,7 @@ func TestLockDelayInspect(t *testing.T) {
 func TestLockDelayFIFO(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
-	name := lockName(t)
+	name := delayName(t)
 	s, err := etcdlock.NewSession(t.Context(), cli)
 	require.NoError(t, err)
 	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
@@ -613,7 +631,7 @@ func TestLockDelayRPCs(t *testing.T) {
 	t.Parallel()
 	var rpcs etcdtest.RPCCounter
 	cli := cluster.Client(t, clientv3.Config{DialOptions: rpcs.DialOptions()})
-	name := lockName(t)
+	name := delayName(t)
 	m := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(longDelay))
 	before := rpcs.Total()
 	require.NoError(t, m.Lock(t.Context()))
@@ -627,4 +645,38 @@ func TestLockDelayRPCs(t *testing.T) {
 	require.NoError(t, m.Unlock(t.Context()))
 	require.EqualValues(t, 3, rpcs.Total()-before, "free TryLock+Unlock")
 	require.Empty(t, delayRecords(t, newClient(t), name))
+}
+
+// TestLockDelayLeaderMove: on three members, the leader moves while a
+// delay runs. The new leader extends the delay's lease (etcd renews
+// every lease on a leader change, never shortens one), so the waiter,
+// on a follower, is admitted no sooner than the delay after the holder's
+// session ended.
+func TestLockDelayLeaderMove(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-member cluster")
+	}
+	t.Parallel()
+	c := etcdtest.Start(t, 3)
+	cli := c.Client(t)
+	name := delayName(t)
+	s, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
+	require.NoError(t, m.Lock(t.Context()))
+	leader := -1
+	require.Eventually(t, func() bool { leader = c.Leader(); return leader >= 0 }, 10*time.Second, 10*time.Millisecond)
+	follower := (leader + 1) % 3
+	wcli := c.Client(t, clientv3.Config{Endpoints: c.Endpoints()[follower : follower+1]})
+	w := etcdlock.NewMutex(newSession(t, wcli), name, etcdlock.WithLockDelay(testDelay))
+	q := startWaiter(t.Context(), w)
+	q.waitIdle(t)
+
+	closed := time.Now()
+	require.NoError(t, s.Close())
+	require.Equal(t, etcdlock.LockDelayPrefix+m.Key(), q.waitIdle(t))
+	require.NoError(t, c.MoveLeader(t.Context(), (leader+2)%3)) // neither the leader nor the waiter's member
+	require.NoError(t, q.result(t, 30*time.Second))
+	require.GreaterOrEqual(t, time.Since(closed), testDelay)
+	require.NoError(t, w.Unlock(t.Context()))
 }
