@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -333,6 +334,29 @@ func delayPut(leased bool) func(etcdtest.RPC) bool {
 	}
 }
 
+// recordPutTop matches a Txn that puts a delay record bound to no lease
+// among its own operations, not in a nested Txn: a hold's record written
+// after it waited.
+func recordPutTop(r etcdtest.RPC) bool {
+	txn, ok := r.Req.(*pb.TxnRequest)
+	return ok && slices.ContainsFunc(txn.Success, func(op *pb.RequestOp) bool {
+		put := op.GetRequestPut()
+		return put != nil && strings.HasPrefix(string(put.Key), etcdlock.LockDelayPrefix) && put.Lease == 0
+	})
+}
+
+// recordWithRead matches a waiter's read that also writes its delay
+// record if it finds the waiter admitted: a Txn that puts the record in
+// a nested Txn and puts nothing itself (unlike the place Txn, whose
+// nested record put is for a free lock).
+func recordWithRead(r etcdtest.RPC) bool {
+	txn, ok := r.Req.(*pb.TxnRequest)
+	if !ok || slices.ContainsFunc(txn.Success, func(op *pb.RequestOp) bool { return op.GetRequestPut() != nil }) {
+		return false
+	}
+	return putsDelay(txn, false)
+}
+
 // putsDelay reports whether txn, or a Txn nested in it, puts a delay
 // record (on a lease when leased).
 func putsDelay(txn *pb.TxnRequest, leased bool) bool {
@@ -345,6 +369,17 @@ func putsDelay(txn *pb.TxnRequest, leased bool) bool {
 		}
 	}
 	return false
+}
+
+// awaitFired waits for an injection to have fired, and fails the test
+// if it has not within 30s: the RPC it waits for never came.
+func awaitFired(t *testing.T, fired <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-fired:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the injection's RPC never came")
+	}
 }
 
 // answerLost is an Action that loses the answer of an RPC etcd applied.
@@ -377,7 +412,13 @@ func TestLockDelaySchedules(t *testing.T) {
 			}
 			var in etcdtest.Injector
 			icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
-			fired := in.At(etcdtest.Nth(1, delayPut(false)), answerLost)
+			// Uncontended, the place Txn (its nested put); contended,
+			// the Txn that confirms the turn and writes the record.
+			match := delayPut(false)
+			if c.contended {
+				match = recordWithRead
+			}
+			fired := in.At(etcdtest.Nth(1, match), answerLost)
 			m := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(longDelay))
 			q := startWaiter(t.Context(), m)
 			if c.contended {
@@ -385,7 +426,7 @@ func TestLockDelaySchedules(t *testing.T) {
 				require.NoError(t, h.Unlock(t.Context()))
 			}
 			require.NoError(t, q.result(t, 30*time.Second))
-			<-fired
+			awaitFired(t, fired)
 			require.Equal(t, map[string]*recordKV{m.Key(): {token: m.Token(), secs: 3600}}, delayRecords(t, cli, name))
 			require.NoError(t, m.Unlock(t.Context()))
 			require.Empty(t, delayRecords(t, cli, name))
@@ -407,7 +448,7 @@ func TestLockDelaySchedules(t *testing.T) {
 		q.waitIdle(t)
 		fired := in.At(etcdtest.Nth(1, etcdtest.Method("/etcdserverpb.KV/Txn")), answerLost)
 		require.NoError(t, m.Unlock(t.Context()))
-		<-fired
+		awaitFired(t, fired)
 		require.NoError(t, q.result(t, 30*time.Second), "no hour's delay after an Unlock")
 		require.NoError(t, w.Unlock(t.Context()))
 		require.Empty(t, delayRecords(t, cli, name))
@@ -431,7 +472,7 @@ func TestLockDelaySchedules(t *testing.T) {
 		q.waitIdle(t)
 		closed := time.Now()
 		require.NoError(t, s.Close())
-		<-fired
+		awaitFired(t, fired)
 		require.NoError(t, q.result(t, 30*time.Second))
 		require.GreaterOrEqual(t, time.Since(closed), testDelay)
 		require.NoError(t, w.Unlock(t.Context()))
@@ -458,7 +499,7 @@ func TestLockDelaySchedules(t *testing.T) {
 		q := startWaiter(t.Context(), w)
 		q.waitIdle(t)
 		require.NoError(t, s.Close())
-		<-fired
+		awaitFired(t, fired)
 		require.NoError(t, q.result(t, 30*time.Second), "the start put the record back")
 		require.Equal(t, []string{w.Key()}, recordKeys(delayRecords(t, cli, name)), "only the new holder's record")
 		require.NoError(t, w.Unlock(t.Context()))
@@ -535,7 +576,7 @@ func TestLockDelaySchedules(t *testing.T) {
 			}
 			require.GreaterOrEqual(t, time.Since(closed), testDelay)
 		}
-		<-fired
+		awaitFired(t, fired)
 		for _, r := range readers {
 			require.NoError(t, r.RUnlock(t.Context()))
 		}
@@ -679,4 +720,41 @@ func TestLockDelayLeaderMove(t *testing.T) {
 	require.NoError(t, q.result(t, 30*time.Second))
 	require.GreaterOrEqual(t, time.Since(closed), testDelay)
 	require.NoError(t, w.Unlock(t.Context()))
+}
+
+// TestLockDelayHandoffRPCs: a waiter with a delay writes its record in
+// the read that finds it admitted, not in a Txn of its own: a handoff
+// costs it no more calls than one without a delay.
+func TestLockDelayHandoffRPCs(t *testing.T) {
+	t.Parallel()
+	name := delayName(t)
+	cli := newClient(t)
+	h := etcdlock.NewMutex(newSession(t, cli), name)
+	require.NoError(t, h.Lock(t.Context()))
+	var in etcdtest.Injector
+	var mu sync.Mutex
+	var alone, withConfirm int // Txns that may put the record: by itself, with the read that admits
+	in.Trace(func(r etcdtest.RPC) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case recordPutTop(r):
+			alone++
+		case recordWithRead(r):
+			withConfirm++
+		}
+	})
+	wcli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+	w := etcdlock.NewMutex(newSession(t, wcli), name, etcdlock.WithLockDelay(longDelay))
+	q := startWaiter(t.Context(), w)
+	q.waitIdle(t)
+	require.NoError(t, h.Unlock(t.Context()))
+	require.NoError(t, q.result(t, 30*time.Second))
+	require.Equal(t, map[string]*recordKV{w.Key(): {token: w.Token(), secs: 3600}}, delayRecords(t, cli, name))
+	mu.Lock()
+	require.Equal(t, 0, alone, "Txns that wrote the record alone")
+	require.Positive(t, withConfirm, "reads that would write the record if admitted")
+	mu.Unlock()
+	require.NoError(t, w.Unlock(t.Context()))
+	require.Empty(t, delayRecords(t, cli, name))
 }

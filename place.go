@@ -45,7 +45,7 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int6
 	if err := ctx.Err(); err != nil {
 		return 0, nil, false, q.fail(ctx, rev, err)
 	}
-	return rev, hdr, recorded, nil
+	return rev, hdr, recorded || w.recorded, nil
 }
 
 // placeKey puts this session's key in mode, and returns its create

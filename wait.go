@@ -38,6 +38,9 @@ type waiter struct {
 	// its names one at a time): any of them gone ends the wait as own
 	// does.
 	others []*keyWatch
+	// recorded says the Txn that admitted me wrote its delay record
+	// (confirmRecord).
+	recorded bool
 }
 
 // wait blocks until me's rule admits it, that is until this queue holds.
@@ -389,6 +392,34 @@ func (w *waiter) confirm(ctx context.Context, minRev int64) (queueRead, error) {
 	return queueRead{rev: resp.Header.Revision, hdr: resp.Header}, nil
 }
 
+// recording reports whether the waiter's reads also write its delay
+// record when they find it admitted (readIfMine): an exclusive waiter
+// (a Mutex's, an RWMutex writer's) with a lock delay. A reader or a
+// Semaphore's waiter is admitted with holders ahead, which the Txn's
+// guard cannot tell from waiters; it writes its record in a Txn of its
+// own (writeDelay).
+func (w *waiter) recording() bool {
+	q := w.q
+	return q.opts.delay > 0 && w.me.mode.Exclusive() && q.set == nil
+}
+
+// opRecord is the nested Txn of a recording waiter's reads: it writes
+// the waiter's delay record only if nothing older than its key is under
+// the prefix (it is first in line: admitted) and no delay record is
+// there (none can be pending). etcd evaluates every compare of a Txn,
+// nested ones included, before its writes. It saves the record its own
+// RPC on every handoff; keys of nested locks older than the waiter's make
+// it fail, and the waiter then writes the record in a Txn of its own.
+func (w *waiter) opRecord() clientv3.Op {
+	q := w.q
+	return clientv3.OpTxn(
+		[]clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(q.pfx), ">", w.me.rev-1).WithPrefix(),
+			clientv3.Compare(clientv3.CreateRevision(q.delayPfx()), "=", 0).WithPrefix(),
+		},
+		[]clientv3.Op{clientv3.OpPut(delayKey(q.key), delayValue(w.me.rev, ttlSeconds(q.opts.delay)))}, nil)
+}
+
 // readIfMine runs ops (ranges, given extra options) in a Txn that succeeds
 // only while my key is still mine, as of minRev or later (see check). It
 // returns lostWhileWaiting's error when the key is gone.
@@ -405,6 +436,19 @@ func (w *waiter) readIfMine(ctx context.Context, minRev int64, ops func(...clien
 		cmps, orElse = q.ownCmps(w.me.rev), q.set.keyReads()
 	} else {
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(q.key), "=", w.me.rev)}
+	}
+	if w.recording() {
+		// A write: no member answers it alone, so no serializable try.
+		read := ops()
+		r, err := q.s.cli.Txn(ctx).If(cmps...).Then(append(read, w.opRecord())...).Commit()
+		if err != nil {
+			return nil, q.rpcErr(err)
+		}
+		if !r.Succeeded {
+			return nil, q.lostWhileWaiting(ctx)
+		}
+		w.recorded = r.Responses[len(read)].GetResponseTxn().Succeeded
+		return r, nil
 	}
 	var resp *clientv3.TxnResponse
 	if minRev > 0 {
