@@ -527,6 +527,67 @@ func TestLockDelaySchedules(t *testing.T) {
 		require.NotZero(t, rec.lease, "begun")
 	})
 
+	// Between a TryLock's read (a free lock) and its guarded put,
+	// another session takes the lock (key and record in one Txn) and
+	// its key is deleted: a pending delay, and no key under the prefix
+	// for the Try's guard to see. The guard also covers the records.
+	// (Found by the explorer, on three members.)
+	t.Run("TryMissesDelay", func(t *testing.T) {
+		t.Parallel()
+		name := delayName(t)
+		var in etcdtest.Injector
+		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+		m := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(longDelay))
+		b := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(longDelay))
+		fired := in.At(etcdtest.Nth(2, etcdtest.Method("/etcdserverpb.KV/Txn")), etcdtest.Action{Before: func(etcdtest.RPC) {
+			if err := b.Lock(t.Context()); err != nil {
+				t.Errorf("b's Lock: %v", err)
+			}
+			if _, err := cli.Delete(t.Context(), b.Key()); err != nil {
+				t.Errorf("delete b's key: %v", err)
+			}
+		}})
+		require.ErrorIs(t, m.TryLock(t.Context()), etcdlock.ErrLocked, "admitted while b's delay is pending")
+		awaitFired(t, fired)
+		require.Empty(t, keys(t, cli, name))
+	})
+
+	// The answer of the Txn that takes the lock and writes the record is
+	// lost, and the call fails (a TryLock; a Lock whose ctx ended): the
+	// cleanup, by name, must take the record too, or a hold that never
+	// was would delay the next one. (Found by the explorer.)
+	t.Run("FailedTakeLeavesNoRecord", func(t *testing.T) {
+		t.Parallel()
+		for _, try := range []bool{true, false} {
+			name := delayName(t) + strconv.FormatBool(try)
+			var in etcdtest.Injector
+			icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+			ctx, cancel := context.WithCancel(t.Context())
+			nth := 2 // a Try's put follows its read
+			if !try {
+				nth = 1
+			}
+			fired := in.At(etcdtest.Nth(nth, etcdtest.Method("/etcdserverpb.KV/Txn")), etcdtest.Action{After: func(_ etcdtest.RPC, err error) error {
+				cancel() // a Lock gives up; a Try fails on the lost answer
+				if err != nil {
+					return err
+				}
+				return status.Error(codes.Unavailable, "test: the answer was lost")
+			}})
+			m := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(longDelay))
+			var err error
+			if try {
+				err = m.TryLock(ctx)
+			} else {
+				err = m.Lock(ctx)
+			}
+			require.Error(t, err)
+			awaitFired(t, fired)
+			require.Empty(t, keys(t, cli, name), "try %v", try)
+			require.Empty(t, delayRecords(t, cli, name), "try %v: a record of a hold that never was", try)
+		}
+	})
+
 	// Two readers behind a writer whose session ends are both admitted
 	// by the queue and both find the delay: one starts it, and the
 	// other's start, held until then, finds it begun and leaves it. Both

@@ -186,6 +186,28 @@ func (q *queue) unknownWrite(ctx context.Context, err error) error {
 	return err
 }
 
+// ownRev reads the create revision of this session's key (0: none), as
+// remove sends its Delete: again after errors that pass, while the
+// session lasts.
+func (q *queue) ownRev(ctx context.Context) (int64, error) {
+	backoff := minBackoff
+	for {
+		resp, err := q.s.cli.Get(ctx, q.key, clientv3.WithKeysOnly())
+		if err == nil {
+			if len(resp.Kvs) == 0 {
+				return 0, nil
+			}
+			return resp.Kvs[0].CreateRevision, nil
+		}
+		if q.s.Err() != nil {
+			return 0, nil
+		}
+		if !q.retryable(ctx, err) || !pause(ctx, &backoff) {
+			return 0, errorf("read %s to remove it after failed lock: %w", q.key, err)
+		}
+	}
+}
+
 // writeCtx returns a context for a write whose outcome must be known: it
 // outlives ctx's cancellation and deadline, so that Lock never gives up on
 // a Put whose fate is unknown (a Put applied after the cleanup's Delete
@@ -226,6 +248,15 @@ func (q *queue) fail(ctx context.Context, rev int64, err error) error {
 func (q *queue) remove(ctx context.Context, rev int64) error {
 	cctx, cancel := q.writeCtx(ctx)
 	defer cancel()
+	if q.opts.delay > 0 && rev == 0 && q.set == nil {
+		// The write whose outcome is unknown may have put the hold's
+		// delay record with its key (place, tryPut): its token is the
+		// key's create revision, which a read tells.
+		var err error
+		if rev, err = q.ownRev(cctx); err != nil {
+			return err
+		}
+	}
 	var cmps []clientv3.Cmp
 	if rev != 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))

@@ -161,6 +161,10 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 	}
 	then := []clientv3.Op{put}
 	if q.opts.delay > 0 {
+		// A hold taken and ended without Unlock since the read leaves no
+		// key under the prefix, but a pending delay record: no record
+		// may have changed since the read either.
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(q.delayPfx()), "<", read.rev+1).WithPrefix())
 		// Admitted if the guard holds: the hold's delay record goes in
 		// the same Txn (see place), at the key's create revision.
 		token := int64(0)
