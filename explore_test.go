@@ -1,6 +1,7 @@
 package etcdlock_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -9,6 +10,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -115,23 +118,51 @@ type exploreKind struct {
 	// quick is what another actor runs inside an injection: a Try form,
 	// or a release.
 	quick []string
+	// delay says that every actor's lock has a lock delay (WithLockDelay):
+	// the schedule checks what a delay promises (see checkAdmitted).
+	delay bool
+	// short is how many schedules the short mode runs on one member, when
+	// not 12: a kind whose schedules wait out lock delays (a second or
+	// two each) runs fewer, so that it takes no longer than the others.
+	short int
 }
 
 const semCapacity = 3
 
+// mutexOps are what a Mutex's actors run, with a lock delay or without.
+var mutexOps = []exploreOp{
+	{"Lock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).Lock(ctx) }},
+	{"TryLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).TryLock(ctx) }},
+	{"Unlock", false, true, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).Unlock(ctx) }},
+	{"Do", false, false, func(ctx context.Context, a *actor, _ int) error {
+		return a.p.(*etcdlock.Mutex).Do(ctx, a.doFn)
+	}},
+}
+
+// lockDelays are the lock delays of the MutexDelay actors' locks, actor
+// id's the id%3-th: mostly the least that etcd's test cluster allows (its
+// least lease TTL), which keeps a waiter out for 1 to 1.5s (etcd looks for
+// ended leases every 500ms), and one longer, so that a waiter with one
+// delay must wait out a hold's other one.
+var lockDelays = []time.Duration{time.Second, time.Second, 2 * time.Second}
+
 var exploreKinds = []*exploreKind{
 	{
-		name: "Mutex",
-		mk:   func(s *etcdlock.Session, name string, _ int) prim { return etcdlock.NewMutex(s, name) },
-		ops: []exploreOp{
-			{"Lock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).Lock(ctx) }},
-			{"TryLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).TryLock(ctx) }},
-			{"Unlock", false, true, func(ctx context.Context, a *actor, _ int) error { return a.p.(*etcdlock.Mutex).Unlock(ctx) }},
-			{"Do", false, false, func(ctx context.Context, a *actor, _ int) error {
-				return a.p.(*etcdlock.Mutex).Do(ctx, a.doFn)
-			}},
-		},
+		name:  "Mutex",
+		mk:    func(s *etcdlock.Session, name string, _ int) prim { return etcdlock.NewMutex(s, name) },
+		ops:   mutexOps,
 		quick: []string{"TryLock", "TryLock", "Unlock"},
+	},
+	{
+		// A lock delay on every actor's Mutex, the delays of lockDelays.
+		name: "MutexDelay",
+		mk: func(s *etcdlock.Session, name string, id int) prim {
+			return etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(lockDelays[id%len(lockDelays)]))
+		},
+		ops:   mutexOps,
+		quick: []string{"TryLock", "TryLock", "Unlock"},
+		delay: true,
+		short: 6,
 	},
 	{
 		name: "RWMutex",
@@ -219,7 +250,7 @@ func TestExplore(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel()
 			if *exploreMembers != 3 {
-				explore(t, cluster, k, 12)
+				explore(t, cluster, k, cmp.Or(k.short, 12))
 			}
 		})
 	}
@@ -241,13 +272,17 @@ func TestExplore(t *testing.T) {
 // explore runs schedules of k on c: the seed given, seeds for as long as
 // asked, or short seeds.
 func explore(t *testing.T, c *etcdtest.Cluster, k *exploreKind, short int) {
+	var met delayMet
+	if k.delay {
+		defer func() { t.Logf("lock delay: %s", &met) }()
+	}
 	switch {
 	case *exploreSeed != 0:
-		runSchedule(t, c, k, *exploreSeed)
+		met.add(runSchedule(t, c, k, *exploreSeed))
 	case *exploreFor > 0:
 		start, n := time.Now(), 0
 		for seed := seedBase(k, c) + 1; time.Since(start) < *exploreFor && !t.Failed(); seed++ {
-			runSchedule(t, c, k, seed)
+			met.add(runSchedule(t, c, k, seed))
 			n++
 		}
 		t.Logf("%d schedules in %v", n, time.Since(start).Round(time.Second))
@@ -260,7 +295,7 @@ func explore(t *testing.T, c *etcdtest.Cluster, k *exploreKind, short int) {
 			if t.Failed() {
 				return
 			}
-			runSchedule(t, c, k, seedBase(k, c)+uint64(i)+1)
+			met.add(runSchedule(t, c, k, seedBase(k, c)+uint64(i)+1))
 		}
 	}
 }
@@ -303,6 +338,15 @@ type schedule struct {
 	requests     int
 	requestsDone int
 	asks         map[*belief]time.Time
+	// The lock delay, in a kind with one: pending are the delays that a
+	// fault made pending, running the records of the delays started and
+	// not ended (watchDelays), returned the tokens of the holds that an
+	// acquisition returned, and met what the schedule met of delays.
+	pending   []*noted
+	running   map[string]bool
+	returned  map[int64]bool
+	met       delayMet
+	delayDone chan struct{} // closed when watchDelays returned
 }
 
 // An actor is one client and session and its lock.
@@ -360,15 +404,18 @@ func (x *schedule) violation(format string, args ...any) {
 	x.log = append(x.log, "VIOLATION: "+msg)
 }
 
-// runSchedule runs the schedule of seed.
-func runSchedule(t *testing.T, c *etcdtest.Cluster, k *exploreKind, seed uint64) {
+// runSchedule runs the schedule of seed, and returns what it met of the
+// lock delay.
+func runSchedule(t *testing.T, c *etcdtest.Cluster, k *exploreKind, seed uint64) delayMet {
 	x := &schedule{
 		t: t, c: c, k: k, seed: seed,
-		rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		name:    fmt.Sprintf("explore/%s/m%d/%d", k.name, c.Size(), seed),
-		lost:    make(map[*belief]time.Time),
-		asks:    make(map[*belief]time.Time),
-		adopted: make(map[clientv3.LeaseID]bool),
+		rng:      rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		name:     fmt.Sprintf("explore/%s/m%d/%d", k.name, c.Size(), seed),
+		lost:     make(map[*belief]time.Time),
+		asks:     make(map[*belief]time.Time),
+		adopted:  make(map[clientv3.LeaseID]bool),
+		returned: make(map[int64]bool),
+		running:  make(map[string]bool),
 	}
 	x.names = []string{x.name}
 	if k.names != nil {
@@ -409,6 +456,9 @@ func runSchedule(t *testing.T, c *etcdtest.Cluster, k *exploreKind, seed uint64)
 	if k.name == "Election" {
 		x.observe()
 	}
+	if k.delay {
+		x.watchDelays()
+	}
 	// Half the schedules start with a queue that spans pages.
 	if d := x.rng.IntN(4); d < 2 {
 		n := pages[d] + x.rng.IntN(3)
@@ -426,7 +476,7 @@ func runSchedule(t *testing.T, c *etcdtest.Cluster, k *exploreKind, seed uint64)
 	x.teardown()
 
 	x.mu.Lock()
-	bad, log := x.bad, x.log
+	bad, log, met := x.bad, x.log, x.met
 	x.mu.Unlock()
 	if len(bad) > 0 || *exploreVerbose {
 		report := fmt.Sprintf("schedule %s (seed %d, %d members):\n  %s", k.name, seed, c.Size(), strings.Join(log, "\n  "))
@@ -436,6 +486,7 @@ func runSchedule(t *testing.T, c *etcdtest.Cluster, k *exploreKind, seed uint64)
 			t.Log(report)
 		}
 	}
+	return met
 }
 
 func exploreRunName(k *exploreKind, c *etcdtest.Cluster) string {
@@ -526,6 +577,9 @@ func (x *schedule) step(step int) {
 		x.start(step, a, op, d)
 	}
 	x.settle()
+	if x.k.delay && x.awaitDelays() {
+		x.settle()
+	}
 	for _, b := range x.actors {
 		b.in.Disarm()
 	}
@@ -597,11 +651,18 @@ func (x *schedule) start(step int, a *actor, op exploreOp, d draws) {
 	}
 	a.mu.Unlock()
 	x.logf("step %d: a%d: %s(arg %d, ctx %s)", step, a.id, op.name, d.arg, desc)
-	go func() { f.done <- op.run(ctx, a, d.arg) }()
+	go func() {
+		err := op.run(ctx, a, d.arg)
+		if op.acquire && err == nil {
+			x.admitted(a, op.name)
+		}
+		f.done <- err
+	}()
 }
 
 // doFn is Do's fn: it holds until the actor's next turn.
 func (a *actor) doFn(ctx context.Context) error {
+	a.x.admitted(a, "Do")
 	asked := a.p.ReleaseRequested()
 	a.mu.Lock()
 	reqs := 0
@@ -709,6 +770,21 @@ func (x *schedule) noKeyLeft(a *actor, f *inflight) {
 		}
 		if len(resp.Kvs) > 0 && resp.Kvs[0].CreateRevision > f.rev {
 			x.violation("a%d's failed %s left its key %s (created at %d, after %d)", a.id, f.name, key, resp.Kvs[0].CreateRevision, f.rev)
+		}
+		if !x.k.delay {
+			continue
+		}
+		// Nor a delay record: it would delay the next holder for a
+		// hold that no one had.
+		resp, err = x.admin.Get(x.ctx, etcdlock.LockDelayPrefix+key)
+		if err != nil {
+			x.logf("  (could not look for a%d's delay record: %v)", a.id, err)
+			return
+		}
+		if len(resp.Kvs) > 0 {
+			if token, _ := parseDelay(resp.Kvs[0]); token > f.rev {
+				x.violation("a%d's failed %s left the delay record of %s (token %d, after %d)", a.id, f.name, key, token, f.rev)
+			}
 		}
 	}
 }
@@ -931,12 +1007,21 @@ const (
 	injMove    // etcd's leader moved (three members)
 	injStop    // etcd's leader stopped and restarted (three members)
 	injRequest // a release request (RequestRelease) on one of the names
+	injEnd     // a hold ended without Unlock: its key deleted, or its lease revoked (a kind with a delay)
 )
 
 // injKind maps a draw to a kind: weights out of 100.
 func (x *schedule) injKind(draw int) int {
+	// A kind with a delay ends holds more often, in place of some other
+	// actors' operations: a delay is pending only when a hold ends without
+	// Unlock, and a key deleted or a lease revoked at random is seldom a
+	// holder's. The other kinds' draws map as they always did.
+	end := 0
+	if x.k.delay {
+		end = 12
+	}
 	table := []struct{ kind, weight int }{
-		{injOther, 17}, {injRequest, 5}, {injForeign, 7}, {injNested, 8}, {injTied, 7}, {injUnforeign, 8},
+		{injEnd, end}, {injOther, 17 - end}, {injRequest, 5}, {injForeign, 7}, {injNested, 8}, {injTied, 7}, {injUnforeign, 8},
 		{injDelete, 10}, {injRevoke, 4}, {injCompact, 6}, {injDrop, 12}, {injFail, 10}, {injMove, 5}, {injStop, 1},
 	}
 	for _, e := range table {
@@ -953,7 +1038,7 @@ func (x *schedule) injKind(draw int) int {
 
 var injNames = []string{"another actor's operation", "a foreign key", "nested keys", "a tied group", "a foreign key removed",
 	"a queue key deleted", "a lease revoked", "a compaction", "the answer lost", "the request failed", "the leader moved", "the leader stopped",
-	"a release request"}
+	"a release request", "a hold ended"}
 
 // arm arms a fault at target's k-th RPC (unary calls and watch requests;
 // lease renewals do not count).
@@ -1051,15 +1136,25 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 		if d.pick2%3 == 0 && len(ks) > 0 {
 			key = ks[d.pick2/3%len(ks)]
 		}
-		_, err = x.admin.Delete(ctx, key)
+		ended := x.delayFault(ctx)
+		dresp, err := x.admin.Delete(ctx, key)
 		x.logf("    delete %s: %v", key, err)
+		if err == nil {
+			ended(dresp.Header.Revision)
+		}
 	case injRevoke:
 		a := x.actors[d.pick2%len(x.actors)]
 		a.mu.Lock()
 		s := a.s
 		a.mu.Unlock()
-		_, err := x.admin.Revoke(ctx, s.Lease())
+		ended := x.delayFault(ctx)
+		rresp, err := x.admin.Revoke(ctx, s.Lease())
 		x.logf("    revoke a%d's lease %x: %v", a.id, int64(s.Lease()), err)
+		if err == nil {
+			ended(rresp.Header.Revision)
+		}
+	case injEnd:
+		x.endHold(ctx, target, d)
 	case injRequest:
 		// The holds current before and after the request were current
 		// when it was recorded: each must be told.
@@ -1117,6 +1212,73 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 	}
 }
 
+// endHold ends a hold without Unlock: a believer's, chosen by d, or the
+// head of the queue when no actor believes it holds (an acquisition may
+// have taken it and not returned yet). A third of the time it is a new
+// hold, another actor's Try, that ends at once: a holder that crashes
+// between two RPCs of the target (as between a Try's read and its
+// guarded put).
+func (x *schedule) endHold(ctx context.Context, target *actor, d draws) {
+	if d.pick%3 == 0 {
+		if b, err := x.quickOpNamed(ctx, target, d, "TryLock"); b != nil && err == nil {
+			x.end(ctx, b.p.Key(), b, d)
+		}
+		return
+	}
+	var key string
+	var holder *actor
+	for i := range x.actors {
+		a := x.actors[(d.pick2+i)%len(x.actors)]
+		a.mu.Lock()
+		if a.held != nil && holder == nil {
+			key, holder = a.held.keys[0], a
+		}
+		a.mu.Unlock()
+	}
+	if holder == nil {
+		resp, err := x.admin.Get(ctx, x.name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+		if err != nil {
+			x.logf("    (read: %v)", err)
+			return
+		}
+		for _, kv := range resp.Kvs {
+			if name, ok := etcdlock.LockOfKey(string(kv.Key)); ok && name == x.name {
+				key = string(kv.Key)
+				break
+			}
+		}
+	}
+	if key == "" {
+		x.logf("    (no hold to end)")
+		return
+	}
+	x.end(ctx, key, holder, d)
+}
+
+// end ends the hold of key: it deletes the key, or, chosen by d, revokes
+// the lease of its holder a (the session's end, seen from the others),
+// when a is known.
+func (x *schedule) end(ctx context.Context, key string, a *actor, d draws) {
+	ended := x.delayFault(ctx)
+	if d.pick2%2 == 0 || a == nil {
+		resp, err := x.admin.Delete(ctx, key)
+		x.logf("    delete %s: %v", key, err)
+		if err == nil {
+			ended(resp.Header.Revision)
+		}
+		return
+	}
+	a.mu.Lock()
+	s := a.s
+	a.mu.Unlock()
+	resp, err := x.admin.Revoke(ctx, s.Lease())
+	x.logf("    revoke a%d's lease %x: %v", a.id, int64(s.Lease()), err)
+	if err == nil {
+		ended(resp.Header.Revision)
+	}
+}
+
 // pages are the sizes of the first page of a queue's reads: 8 keys for an
 // exclusive waiter, 64 for a reader or permits. A queue read spans pages
 // when the keys of nested locks fill one.
@@ -1150,7 +1312,12 @@ var memberStops sync.Mutex
 // quickOp runs another actor's quick operation (a Try form, a release),
 // from within target's RPC: an actor with no operation in flight.
 func (x *schedule) quickOp(ctx context.Context, target *actor, d draws) {
-	name := x.k.quick[d.pick%len(x.k.quick)]
+	x.quickOpNamed(ctx, target, d, x.k.quick[d.pick%len(x.k.quick)])
+}
+
+// quickOpNamed is quickOp with the operation given: it returns the actor
+// that ran it and its result (nil, nil when no actor was free).
+func (x *schedule) quickOpNamed(ctx context.Context, target *actor, d draws, name string) (*actor, error) {
 	var op exploreOp
 	for _, o := range x.k.ops {
 		if o.name == name {
@@ -1187,16 +1354,20 @@ func (x *schedule) quickOp(ctx context.Context, target *actor, d draws) {
 	if b == nil {
 		cancel()
 		x.logf("    (no other actor free)")
-		return
+		return nil, nil
 	}
 	start := time.Now()
 	err := op.run(ctx, b, d.pick2)
 	x.logf("    a%d: %s: %v (%v)", b.id, name, err, time.Since(start).Round(time.Millisecond))
+	if op.acquire && err == nil {
+		x.admitted(b, name)
+	}
 	if name == "Campaign" && time.Since(start) > 10*time.Second {
 		x.violation("a%d's Campaign with a 200ms ctx returned after %v\n%s", b.id, time.Since(start).Round(time.Millisecond), stacks())
 	}
 	// The step collects it, as it does any operation.
 	f.done <- err
+	return b, err
 }
 
 // stacks returns every goroutine's stack, for a report.
@@ -1347,9 +1518,15 @@ func (x *schedule) teardown() {
 	if len(left) > 0 {
 		x.violation("20s after every actor released, keys of live sessions are left: %v", left)
 	}
+	if x.k.delay {
+		x.lastLock()
+	}
 	x.cancel()
 	if x.obsDone != nil {
 		<-x.obsDone
+	}
+	if x.delayDone != nil {
+		<-x.delayDone
 	}
 	for _, a := range x.actors {
 		for _, s := range a.sessions {
@@ -1358,4 +1535,335 @@ func (x *schedule) teardown() {
 		a.cli.Close()
 	}
 	x.admin.Delete(context.Background(), x.name+"/", clientv3.WithPrefix())
+	// The delay records too: one that no delay started has no lease, and
+	// would stay for good.
+	x.admin.Delete(context.Background(), etcdlock.LockDelayPrefix+x.name+"/", clientv3.WithPrefix())
+}
+
+// The lock delay (the MutexDelay schedules). A hold with a delay leaves
+// its record, LockDelayPrefix + its key, when it ends without Unlock: a
+// pending delay, which keeps out every hold with a delay behind it until
+// a waiter has started it, as a lease with the record's TTL, and etcd
+// has ended that lease. The faults that end holds (a deleted key, a
+// revoked lease) make delays pending; the checker looks at each hold
+// that an acquisition returns (admitted) and at the delays themselves
+// (watchDelays, lastLock).
+
+// delayMet counts what schedules met of the lock delay: a checker is
+// only as good as the cases it sees.
+type delayMet struct {
+	runs    int // schedules
+	pending int // delays a fault made pending
+	started int // delays started (a record moved onto a lease)
+	// waited counts the pending delays of holds that had returned, after
+	// which a later hold was admitted, checked to have waited the delay
+	// out; near those admitted less than twice the delay after the fault.
+	waited, near int
+	checked      int // admissions checked at their header's revision
+	unread       int // admissions not checked: their revision was compacted
+	// Schedules in which a fault made a delay pending, a delay started,
+	// a hold was admitted after one.
+	runsPending, runsStarted, runsWaited int
+}
+
+func (m *delayMet) add(o delayMet) {
+	m.runs++
+	m.pending += o.pending
+	m.started += o.started
+	m.waited += o.waited
+	m.near += o.near
+	m.checked += o.checked
+	m.unread += o.unread
+	for _, c := range []struct {
+		n    int
+		runs *int
+	}{{o.pending, &m.runsPending}, {o.started, &m.runsStarted}, {o.waited, &m.runsWaited}} {
+		if c.n > 0 {
+			*c.runs++
+		}
+	}
+}
+
+func (m *delayMet) String() string {
+	return fmt.Sprintf("of %d schedules, %d had delays made pending (%d delays), %d had delays started (%d), "+
+		"%d had holds admitted after one (%d delays, %d of them less than twice the delay after the fault); "+
+		"%d admissions checked at their revision, %d not (compacted)",
+		m.runs, m.runsPending, m.pending, m.runsStarted, m.started, m.runsWaited, m.waited, m.near, m.checked, m.unread)
+}
+
+// A delayRecord is a delay record as the checker reads it.
+type delayRecord struct {
+	key   string // the holder's key: the record's key less LockDelayPrefix
+	token int64
+	secs  int64
+	lease int64
+}
+
+// A noted delay is one that a fault made pending: the delay of a
+// record in place at the fault's revision whose key went at it.
+type noted struct {
+	delayRecord
+	rev     int64     // the fault's revision
+	at      time.Time // before the fault began
+	checked bool      // a later hold was checked against it
+}
+
+// parseDelay reads a record, whose value is "<token> <seconds>", as the
+// library does: token 0 is the record's own create revision (a record put
+// with its key, in one Txn), and a value it cannot read is a delay of a
+// second of token 0 (a key that never held).
+func parseDelay(kv *mvccpb.KeyValue) (token, secs int64) {
+	t, sec, ok := strings.Cut(string(kv.Value), " ")
+	token, err1 := strconv.ParseInt(t, 10, 64)
+	secs, err2 := strconv.ParseInt(sec, 10, 64)
+	if !ok || err1 != nil || err2 != nil || token < 0 || secs < 1 {
+		return 0, 1
+	}
+	if token == 0 {
+		token = kv.CreateRevision
+	}
+	return token, secs
+}
+
+// pendingAt returns the pending delays of the schedule's lock at rev (0:
+// now), by record key: its records (direct children of its delay prefix
+// only) whose key is not in place with the record's token as its create
+// revision.
+func (x *schedule) pendingAt(ctx context.Context, rev int64) (map[string]delayRecord, error) {
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	pfx := etcdlock.LockDelayPrefix + x.name + "/"
+	resp, err := x.admin.Txn(ctx).Then(
+		clientv3.OpGet(x.name+"/", append(opts, clientv3.WithKeysOnly())...),
+		clientv3.OpGet(pfx, opts...),
+	).Commit()
+	if err != nil {
+		return nil, err
+	}
+	created := map[string]int64{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		created[string(kv.Key)] = kv.CreateRevision
+	}
+	pending := map[string]delayRecord{}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		if rest := strings.TrimPrefix(string(kv.Key), pfx); rest == "" || strings.Contains(rest, "/") {
+			continue // a nested lock's
+		}
+		r := delayRecord{key: strings.TrimPrefix(string(kv.Key), etcdlock.LockDelayPrefix), lease: kv.Lease}
+		r.token, r.secs = parseDelay(kv)
+		if c, ok := created[r.key]; !ok || c != r.token {
+			pending[string(kv.Key)] = r
+		}
+	}
+	return pending, nil
+}
+
+// delayFault is called before a fault that may end holds (a deletion, a
+// revoke): it reads the delays pending now, and returns what to call with
+// the fault's revision, which notes the delays pending at it and not now.
+// A fault ends a hold at one revision, so those are the fault's doing,
+// begun after the time it notes.
+func (x *schedule) delayFault(ctx context.Context) func(rev int64) {
+	if !x.k.delay {
+		return func(int64) {}
+	}
+	at := time.Now()
+	before, err := x.pendingAt(ctx, 0)
+	if err != nil {
+		x.logf("    (delays not read: %v)", err)
+		return func(int64) {}
+	}
+	return func(rev int64) {
+		after, err := x.pendingAt(ctx, rev)
+		if err != nil {
+			x.logf("    (delays not read at %d: %v)", rev, err)
+			return
+		}
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		for k, r := range after {
+			if b, ok := before[k]; ok && b.token == r.token {
+				continue
+			}
+			x.pending = append(x.pending, &noted{delayRecord: r, rev: rev, at: at})
+			x.met.pending++
+			x.log = append(x.log, fmt.Sprintf("    the delay of %s (token %d, %ds) is pending at rev %d", r.key, r.token, r.secs, rev))
+		}
+	}
+}
+
+// admitted checks the hold that a's acquisition (by) has just returned,
+// in a kind with a delay, against etcd at the revision of the hold's
+// header, where the library admitted it.
+func (x *schedule) admitted(a *actor, by string) {
+	if !x.k.delay {
+		return
+	}
+	a.mu.Lock()
+	m := a.p.(*etcdlock.Mutex)
+	a.mu.Unlock()
+	x.checkAdmitted(m, fmt.Sprintf("a%d's %s", a.id, by))
+}
+
+// checkAdmitted checks the hold of m, a lock with a delay, that what (an
+// acquisition) has just returned, against etcd at the revision of the
+// hold's header, where the library admitted it:
+//
+//   - no delay of an older hold was pending there: no record with a
+//     token below the hold's whose key was gone, or had another create
+//     revision;
+//   - a hold admitted after a fault that ended an older hold (one whose
+//     acquisition had returned) with its record in place came no sooner
+//     than that record's delay after the fault: the delay's lease is
+//     granted after the key went, and etcd ends it by the clock of this
+//     process, the explorer's.
+func (x *schedule) checkAdmitted(m *etcdlock.Mutex, what string) {
+	now := time.Now()
+	token, hdr := m.Token(), m.Header()
+	x.mu.Lock()
+	x.returned[token] = true
+	x.mu.Unlock()
+	if hdr == nil {
+		x.logf("  (%s: no header to check)", what)
+		return
+	}
+	ctx, cancel := context.WithTimeout(x.ctx, 10*time.Second)
+	defer cancel()
+	pending, err := x.pendingAt(ctx, hdr.Revision)
+	x.mu.Lock()
+	if err != nil {
+		x.met.unread++
+	} else {
+		x.met.checked++
+	}
+	x.mu.Unlock()
+	if err != nil {
+		x.logf("  (%s's hold (token %d) not checked at rev %d: %v)", what, token, hdr.Revision, err)
+	}
+	for _, r := range pending {
+		if r.token < token {
+			x.violation("%s returned a hold (token %d) admitted at rev %d, where the delay of %s (token %d, %ds, lease %x) was pending",
+				what, token, hdr.Revision, r.key, r.token, r.secs, r.lease)
+		}
+	}
+	var early []string
+	x.mu.Lock()
+	for _, p := range x.pending {
+		if p.token >= token || p.rev >= hdr.Revision || !x.returned[p.token] {
+			continue
+		}
+		d := time.Duration(p.secs) * time.Second
+		waited := now.Sub(p.at)
+		if !p.checked {
+			p.checked = true
+			x.met.waited++
+			if waited < 2*d {
+				x.met.near++
+			}
+			x.log = append(x.log, fmt.Sprintf("  %s: the hold (token %d) came %v after the fault that made the delay of %s (token %d) pending",
+				what, token, waited.Round(time.Millisecond), p.key, p.token))
+		}
+		if waited < d {
+			early = append(early, fmt.Sprintf("%s returned a hold (token %d, admitted at rev %d) %v after a fault ended the hold of %s (token %d) at rev %d, before its delay of %v",
+				what, token, hdr.Revision, waited.Round(time.Millisecond), p.key, p.token, p.rev, d))
+		}
+	}
+	x.mu.Unlock()
+	for _, e := range early {
+		x.violation("%s", e)
+	}
+}
+
+// watchDelays follows the lock's delay records: it counts the delays
+// started (a record put on a lease), and checks that each lease lasts at
+// least the delay its record asks for (etcd raises a TTL below its least
+// to it, and never lowers one).
+func (x *schedule) watchDelays() {
+	x.delayDone = make(chan struct{})
+	pfx := etcdlock.LockDelayPrefix + x.name + "/"
+	wch := x.admin.Watch(x.ctx, pfx, clientv3.WithPrefix())
+	go func() {
+		defer close(x.delayDone)
+		for wr := range wch {
+			for _, ev := range wr.Events {
+				x.mu.Lock()
+				if ev.Type != mvccpb.PUT || ev.Kv.Lease == 0 {
+					delete(x.running, string(ev.Kv.Key))
+					x.mu.Unlock()
+					continue
+				}
+				x.running[string(ev.Kv.Key)] = true
+				x.met.started++
+				x.mu.Unlock()
+				_, secs := parseDelay(ev.Kv)
+				x.logf("  the delay of %s (%s) started at rev %d: lease %x",
+					strings.TrimPrefix(string(ev.Kv.Key), etcdlock.LockDelayPrefix), ev.Kv.Value, ev.Kv.ModRevision, ev.Kv.Lease)
+				ttl, err := x.admin.TimeToLive(x.ctx, clientv3.LeaseID(ev.Kv.Lease))
+				if err == nil && ttl.TTL >= 0 && ttl.GrantedTTL < secs { // TTL -1: the lease has ended
+					x.violation("the delay of %s (%s) started with lease %x of TTL %ds", ev.Kv.Key, ev.Kv.Value, ev.Kv.Lease, ttl.GrantedTTL)
+				}
+			}
+		}
+	}()
+}
+
+// awaitDelays lets the delays that have started end, when an actor waits
+// to acquire: a step takes far less than the least delay (1s), so that
+// otherwise a waiter would seldom see one end, nor meet a fault as it
+// goes on after it; the armed fault may hit the RPCs that follow. It
+// reports whether it waited. A delay that does not end is the last
+// Lock's to find (lastLock).
+func (x *schedule) awaitDelays() bool {
+	waiting := false
+	for _, a := range x.actors {
+		a.mu.Lock()
+		waiting = waiting || a.op != nil && a.op.op.acquire || a.op != nil && a.op.name == "Do" && a.held == nil
+		a.mu.Unlock()
+	}
+	running := func() bool {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		return len(x.running) > 0
+	}
+	if !waiting || !running() {
+		return false
+	}
+	start := time.Now()
+	for running() && time.Since(start) < 5*time.Second {
+		time.Sleep(20 * time.Millisecond)
+	}
+	x.logf("  (the delays started ended, or not, in %v)", time.Since(start).Round(time.Millisecond))
+	return true
+}
+
+// lastLock takes the lock once more, on a session of its own, once every
+// actor has released: whatever delays the schedule left, started or not,
+// must end, so that it is had within 30s (the longest delay is 2s).
+func (x *schedule) lastLock() {
+	ctx, cancel := context.WithTimeout(x.ctx, 30*time.Second)
+	defer cancel()
+	s, err := etcdlock.NewSession(ctx, x.admin)
+	if err != nil {
+		x.logf("end: the last Lock's session: %v", err)
+		return
+	}
+	defer s.Close()
+	pending, err := x.pendingAt(ctx, 0)
+	if err != nil {
+		x.logf("end: (delays not read: %v)", err)
+	}
+	m := etcdlock.NewMutex(s, x.name, etcdlock.WithLockDelay(time.Second))
+	start := time.Now()
+	err = m.Lock(ctx)
+	x.logf("end: Lock, with %d delays pending: %v (%v)", len(pending), err, time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		x.violation("a Lock after every actor released, with %d delays pending, returned %v after %v", len(pending), err, time.Since(start).Round(time.Millisecond))
+		return
+	}
+	x.checkAdmitted(m, "the last Lock")
+	if err := m.Unlock(ctx); err != nil {
+		x.logf("end: Unlock: %v", err)
+	}
 }
