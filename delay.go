@@ -13,7 +13,8 @@ import (
 
 // The lock delay (WithLockDelay). A hold with a delay writes a record,
 // LockDelayPrefix + its key, once it is admitted (in the Txn that admits
-// it when it can: place, tryPut); its Unlock deletes the
+// it when it can: place, tryPut, a Mutex waiter's read); its Unlock
+// deletes the
 // record in the Txn that deletes the key. So a record whose key is gone
 // (or has another create revision) says its hold ended without Unlock:
 // the lease ended (expiry, revoke, Session.Close), someone deleted the key,
@@ -67,9 +68,10 @@ const MaxLockDelay = 24 * time.Hour
 //
 // A waiter writes nothing for it, so a waiter that dies delays nobody. An
 // uncontended Lock and a TryLock write the record in the Txn that takes
-// the lock, and Unlock deletes it in the Txn that releases: no RPC of its
-// own. A hold admitted after waiting writes it in one more RPC; the
-// queue's reads carry one more range. Values below
+// the lock, a Mutex's waiter in the read that finds it admitted (which
+// is then a write), and Unlock deletes it in the Txn that releases: no
+// RPC of its own. A reader or a Semaphore's waiter admitted after waiting
+// writes it in one more RPC. The queue's reads carry one more range. Values below
 // MinTTL or above MaxLockDelay are an error, as is the option on a
 // MultiMutex. Default: no delay.
 func WithLockDelay(d time.Duration) MutexOption {
