@@ -67,6 +67,19 @@ func delayName(t *testing.T) string {
 	return name
 }
 
+// delayHolder locks name with a Mutex with delay d, through a session
+// the test ends itself (Close, to end the hold without Unlock), and
+// returns both.
+func delayHolder(t *testing.T, cli *clientv3.Client, name string, d time.Duration) (*etcdlock.Mutex, *etcdlock.Session) {
+	t.Helper()
+	s, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(d))
+	require.NoError(t, m.Lock(t.Context()))
+	return m, s
+}
+
 // recordKeys returns the holder keys of records, sorted.
 func recordKeys(recs map[string]*recordKV) []string {
 	return slices.Sorted(maps.Keys(recs))
@@ -140,10 +153,7 @@ func TestLockDelayAfterClose(t *testing.T) {
 			t.Parallel()
 			cli := newClient(t)
 			name := delayName(t)
-			s, err := etcdlock.NewSession(t.Context(), cli)
-			require.NoError(t, err)
-			m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
-			require.NoError(t, m.Lock(t.Context()))
+			m, s := delayHolder(t, cli, name, testDelay)
 			w := etcdlock.NewMutex(newSession(t, cli), name, c.opts...)
 			q := startWaiter(t.Context(), w)
 			require.Equal(t, m.Key(), q.waitIdle(t))
@@ -190,10 +200,7 @@ func TestLockDelayStartedByTry(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := delayName(t)
-	s, err := etcdlock.NewSession(t.Context(), cli)
-	require.NoError(t, err)
-	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
-	require.NoError(t, m.Lock(t.Context()))
+	m, s := delayHolder(t, cli, name, testDelay)
 	require.NoError(t, s.Close())
 	require.Empty(t, keys(t, cli, name))
 	rec := delayRecords(t, cli, name)[m.Key()]
@@ -306,10 +313,7 @@ func TestLockDelayOnlyWithTheOption(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := delayName(t)
-	s, err := etcdlock.NewSession(t.Context(), cli)
-	require.NoError(t, err)
-	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
-	require.NoError(t, m.Lock(t.Context()))
+	m, s := delayHolder(t, cli, name, longDelay)
 	w := etcdlock.NewMutex(newSession(t, cli), name)
 	q := startWaiter(t.Context(), w)
 	q.waitIdle(t)
@@ -460,10 +464,7 @@ func TestLockDelaySchedules(t *testing.T) {
 	t.Run("StartAnswerLost", func(t *testing.T) {
 		t.Parallel()
 		name := delayName(t)
-		s, err := etcdlock.NewSession(t.Context(), cli)
-		require.NoError(t, err)
-		m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
-		require.NoError(t, m.Lock(t.Context()))
+		_, s := delayHolder(t, cli, name, testDelay)
 		var in etcdtest.Injector
 		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
 		fired := in.At(etcdtest.Nth(1, delayPut(true)), answerLost)
@@ -484,10 +485,7 @@ func TestLockDelaySchedules(t *testing.T) {
 	t.Run("GoneBeforeStart", func(t *testing.T) {
 		t.Parallel()
 		name := delayName(t)
-		s, err := etcdlock.NewSession(t.Context(), cli)
-		require.NoError(t, err)
-		m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
-		require.NoError(t, m.Lock(t.Context()))
+		m, s := delayHolder(t, cli, name, longDelay)
 		var in etcdtest.Injector
 		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
 		fired := in.At(etcdtest.Nth(1, delayPut(true)), etcdtest.Action{Before: func(etcdtest.RPC) {
@@ -510,10 +508,7 @@ func TestLockDelaySchedules(t *testing.T) {
 	t.Run("CancelledInDelay", func(t *testing.T) {
 		t.Parallel()
 		name := delayName(t)
-		s, err := etcdlock.NewSession(t.Context(), cli)
-		require.NoError(t, err)
-		m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
-		require.NoError(t, m.Lock(t.Context()))
+		m, s := delayHolder(t, cli, name, longDelay)
 		require.NoError(t, s.Close())
 		ctx, cancel := context.WithCancel(t.Context())
 		w := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(longDelay))
@@ -650,10 +645,7 @@ func TestLockDelayInspect(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := delayName(t)
-	s, err := etcdlock.NewSession(t.Context(), cli)
-	require.NoError(t, err)
-	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
-	require.NoError(t, m.Lock(t.Context()))
+	m, s := delayHolder(t, cli, name, longDelay)
 	q, err := etcdlock.InspectLock(t.Context(), cli, name)
 	require.NoError(t, err)
 	require.Empty(t, q.Delays, "a holder's record is no pending delay")
@@ -694,10 +686,7 @@ func TestLockDelayFIFO(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := delayName(t)
-	s, err := etcdlock.NewSession(t.Context(), cli)
-	require.NoError(t, err)
-	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
-	require.NoError(t, m.Lock(t.Context()))
+	m, s := delayHolder(t, cli, name, longDelay)
 	w1 := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay))
 	q1 := startWaiter(t.Context(), w1)
 	require.Equal(t, m.Key(), q1.waitIdle(t))
@@ -762,10 +751,7 @@ func TestLockDelayLeaderMove(t *testing.T) {
 	c := etcdtest.Start(t, 3)
 	cli := c.Client(t)
 	name := delayName(t)
-	s, err := etcdlock.NewSession(t.Context(), cli)
-	require.NoError(t, err)
-	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(testDelay))
-	require.NoError(t, m.Lock(t.Context()))
+	m, s := delayHolder(t, cli, name, testDelay)
 	leader := -1
 	require.Eventually(t, func() bool { leader = c.Leader(); return leader >= 0 }, 10*time.Second, 10*time.Millisecond)
 	follower := (leader + 1) % 3
