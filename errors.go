@@ -35,13 +35,11 @@ var (
 	// ErrLockLost is returned when a hold (or a place in the queue) ended
 	// without Unlock: the key was deleted or its lease ended.
 	ErrLockLost = errors.New("etcdlock: lock was lost")
-	// ErrInvalidName is returned for a name that is empty or longer than
-	// MaxNameLen, and by the calls that join a queue (Lock, TryLock,
-	// RLock, Acquire, Campaign, Lead and the like) for a name that ends in
-	// "/" or contains "//", which would be a lock apart from the one it
-	// reads as. A leading "/" is valid. The calls that only read
-	// (InspectLock, CurrentLeader, ObserveLeader) take such names, to see
-	// locks that etcd's Mutex made under a prefix ending in "/".
+	// ErrInvalidName is returned for a name that is empty, longer than
+	// MaxNameLen, or in the range the library keeps for its own keys
+	// ("__etcdlock" and names under "__etcdlock/"). Every other name is
+	// taken as etcd's Mutex takes it: "/my-lock/" queues under
+	// "/my-lock//", with etcd's Mutex and `etcdctl lock` on that name.
 	ErrInvalidName = errors.New("etcdlock: invalid lock name")
 	// ErrInvalidOption is returned by NewSession for an invalid option, and
 	// by Lock, Acquire and the like for an invalid MutexOption or a

@@ -186,7 +186,7 @@ func Lead(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 	case fn == nil:
 		return errorf("%w: nil fn", ErrInvalidOption)
 	}
-	if err := checkLockName(name); err != nil {
+	if err := checkName(name); err != nil {
 		return err
 	}
 	if err := checkValue(value); err != nil {

@@ -101,7 +101,7 @@ func checkSet(names []string) error {
 	}
 	total := 0
 	for i, name := range names {
-		if err := checkLockName(name); err != nil {
+		if err := checkName(name); err != nil {
 			return err
 		}
 		if slices.Contains(names[:i], name) {

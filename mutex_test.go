@@ -288,8 +288,21 @@ func testContention(t *testing.T, c *etcdtest.Cluster, contenders, rounds int) {
 
 // TestInterop mixes this Mutex and etcd's concurrency.Mutex on one name:
 // they exclude and queue in both directions.
-func TestInterop(t *testing.T) {
-	name := lockName(t)
+func TestInterop(t *testing.T) { testInterop(t, lockName(t)) }
+
+// TestInteropEtcdNames: names as etcd's Mutex and `etcdctl lock` take
+// them, those of etcd's own examples ("/my-lock/") included, are one
+// queue with etcd's Mutex, whose key is name + "/" + the lease in hex.
+// They were refused as names that end in "/" or hold "//" (issue 30),
+// which broke code moving over from etcd's package; and renaming such a
+// lock ("/my-lock") would make it a queue apart from the old processes'.
+func TestInteropEtcdNames(t *testing.T) {
+	for _, name := range []string{"/my-lock/", "/" + lockName(t) + "/", lockName(t) + "//b", "/", "//" + lockName(t)} {
+		t.Run(strings.ReplaceAll(name, "/", "_"), func(t *testing.T) { testInterop(t, name) })
+	}
+}
+
+func testInterop(t *testing.T, name string) {
 	cli := newClient(t)
 	es, err := concurrency.NewSession(cli)
 	require.NoError(t, err)
@@ -297,8 +310,15 @@ func TestInterop(t *testing.T) {
 	theirs := concurrency.NewMutex(es, name)
 	ours := etcdlock.NewMutex(newSession(t, cli), name)
 
-	// Theirs holds: ours cannot take it, and waits.
+	// Theirs holds: ours cannot take it, and waits. One key layout:
+	// name + "/" + the lease in hex.
 	require.NoError(t, theirs.Lock(t.Context()))
+	require.Equal(t, fmt.Sprintf("%s/%x", name, int64(es.Lease())), theirs.Key())
+	require.True(t, strings.HasPrefix(ours.Key(), name+"/"), ours.Key())
+	q, err := etcdlock.InspectLock(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Len(t, q.Holders(), 1)
+	require.Equal(t, theirs.Key(), q.Holders()[0].Key)
 	require.ErrorIs(t, ours.TryLock(t.Context()), etcdlock.ErrLocked)
 	w := startWaiter(t.Context(), ours)
 	require.Equal(t, theirs.Key(), w.waitIdle(t))
@@ -608,10 +628,9 @@ func TestBadInput(t *testing.T) {
 	s := newSession(t, cli, etcdlock.WithTTL(2500*time.Millisecond))
 	require.Equal(t, 3*time.Second, s.TTL(), "fractions of a second round up")
 
-	// "tr/" and "foo//bar" would be locks apart from "tr" and "foo/bar",
-	// each granted while the other is held (keys "tr//<lease>" and
-	// "foo//bar/<lease>").
-	for _, name := range []string{"", strings.Repeat("x", etcdlock.MaxNameLen+1), "tr/", "/", "foo//bar", "//tr"} {
+	// The library's own range: "__etcdlock" would queue over every
+	// request and delay record (issue 30).
+	for _, name := range []string{"", strings.Repeat("x", etcdlock.MaxNameLen+1), "__etcdlock", "__etcdlock/x", "__etcdlock/"} {
 		m := etcdlock.NewMutex(s, name)
 		require.ErrorIs(t, m.Lock(t.Context()), etcdlock.ErrInvalidName, "%q", name)
 		require.ErrorIs(t, m.TryLock(t.Context()), etcdlock.ErrInvalidName, "%q", name)
@@ -620,17 +639,12 @@ func TestBadInput(t *testing.T) {
 		require.ErrorIs(t, etcdlock.NewElection(s, name).Campaign(t.Context(), "v"), etcdlock.ErrInvalidName, "%q", name)
 		require.ErrorIs(t, etcdlock.Lead(t.Context(), cli, name, "v", func(context.Context) error { return nil }), etcdlock.ErrInvalidName, "%q", name)
 		_, err := etcdlock.InspectLock(t.Context(), cli, name)
-		if name == "" || len(name) > etcdlock.MaxNameLen {
-			require.ErrorIs(t, err, etcdlock.ErrInvalidName, "%q", name)
-		} else {
-			// Reads take them: etcd's Mutex makes such locks
-			// (NewMutex(s, "tr/") puts tr//<lease>).
-			require.NoError(t, err, "%q", name)
-		}
+		require.ErrorIs(t, err, etcdlock.ErrInvalidName, "%q", name)
+		require.ErrorIs(t, etcdlock.RequestRelease(t.Context(), cli, name), etcdlock.ErrInvalidName, "%q", name)
 	}
-	// A leading "/" is a common convention and stays valid, as do single
-	// slashes inside.
-	for _, name := range []string{"/" + lockName(t), lockName(t) + "/a/b"} {
+	// Every other name is taken as etcd's Mutex takes it: a leading "/",
+	// slashes inside, a trailing "/" and "//" (TestInteropEtcdNames).
+	for _, name := range []string{"/" + lockName(t), lockName(t) + "/a/b", lockName(t) + "/", lockName(t) + "//c", "__etcdlockx", "x/__etcdlock"} {
 		m := etcdlock.NewMutex(s, name)
 		require.NoError(t, m.Lock(t.Context()), "%q", name)
 		require.NoError(t, m.Unlock(t.Context()), "%q", name)

@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -199,7 +198,7 @@ func (q *queue) validate() error {
 		}
 		return q.set.err
 	}
-	return checkLockName(q.name)
+	return checkName(q.name)
 }
 
 // acquireNames takes the session-local right to queue for q's name (see
@@ -252,9 +251,12 @@ func (q *queue) owner() *queue {
 }
 
 // checkName returns ErrInvalidName for a name no queue can have: empty,
-// or longer than MaxNameLen. Calls that only read a queue take any other
-// name, so that tools can see a lock that etcd's Mutex made under a
-// prefix ending in "/".
+// longer than MaxNameLen, or one whose queue prefix (name + "/") lies in
+// the range the library keeps for its own keys (see reservedPrefix):
+// "__etcdlock" and every name under "__etcdlock/". Any other name is taken
+// as etcd's Mutex takes it, "/my-lock/" and "a//b" included: its keys are
+// name + "/" + the lease ID in hex, so that etcd's Mutex, `etcdctl lock`
+// and this package on one name are one queue.
 func checkName(name string) error {
 	switch {
 	case name == "":
@@ -262,26 +264,7 @@ func checkName(name string) error {
 	case len(name) > MaxNameLen:
 		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(name), MaxNameLen)
 	}
-	return nil
-}
-
-// checkLockName is checkName for the calls that join a queue, which also
-// refuse a name that ends in "/" or contains "//". The keys of a lock are
-// NAME/<lease hex>, so "tr/" would queue under "tr//" and "foo//bar"
-// beside "foo/bar": names that read as the same lock would be different
-// locks, each granted while the other is held. A leading "/" is a common
-// convention and stays valid.
-func checkLockName(name string) error {
-	switch {
-	case strings.HasSuffix(name, "/"):
-		return errorf("%w: name %q ends in \"/\": it would not be the lock %q", ErrInvalidName, name, strings.TrimRight(name, "/"))
-	case strings.Contains(name, "//"):
-		return errorf("%w: name %q contains \"//\"", ErrInvalidName, name)
-	}
-	if err := checkReserved(name); err != nil {
-		return err
-	}
-	return checkName(name)
+	return checkReserved(name)
 }
 
 // IsOwner returns a comparison that holds only while the current hold is

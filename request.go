@@ -69,7 +69,7 @@ const requestOps = 64
 // A holder that is not of this package (etcd's Mutex, `etcdctl lock`)
 // never reads the request; it goes with its lease.
 func RequestRelease(ctx context.Context, cli *clientv3.Client, name string) error {
-	if err := checkLockName(name); err != nil {
+	if err := checkName(name); err != nil {
 		return err
 	}
 	backoff := minBackoff
@@ -271,11 +271,13 @@ func (s *Session) awaitRequest(ctx context.Context, key string, token int64) boo
 	return false
 }
 
-// checkReserved returns ErrInvalidName for a name under the library's own
-// prefix, which no lock may take.
+// checkReserved returns ErrInvalidName for a name whose queue prefix
+// (name + "/") lies in the library's own range: "__etcdlock" itself,
+// whose queue would be that whole range (every request and delay record
+// would count as its waiters), and every name under it.
 func checkReserved(name string) error {
-	if strings.HasPrefix(name, reservedPrefix) {
-		return errorf("%w: names that start with %q are the library's own", ErrInvalidName, reservedPrefix)
+	if strings.HasPrefix(name+"/", reservedPrefix) {
+		return errorf("%w: %q: the names %q and those that start with %q are the library's own", ErrInvalidName, name, strings.TrimSuffix(reservedPrefix, "/"), reservedPrefix)
 	}
 	return nil
 }

@@ -66,7 +66,7 @@ func TestRunAlsoUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"run", "--also", "x/", "n", "--", "true"}, `--also NAME "x/" ends in "/"`},
+		{[]string{"run", "--also", "__etcdlock", "n", "--", "true"}, `--also NAME "__etcdlock": "__etcdlock" and the names`},
 		{[]string{"run", "--also", "", "n", "--", "true"}, "empty --also NAME"},
 		{[]string{"run", "--also", "n", "n", "--", "true"}, `lock NAME "n" given twice`},
 		{[]string{"run", "--also", "x", "--also", "x", "n", "--", "true"}, `lock NAME "x" given twice`},

@@ -129,8 +129,8 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 		return usageErr("elect", "missing election NAME")
 	case pos[0] == "":
 		return usageErr("elect", "empty election NAME")
-	case badName(pos[0]):
-		return usageErr("elect", "election NAME %q ends in \"/\" or contains \"//\": it would not be the election it reads as", pos[0])
+	case reservedName(pos[0]):
+		return usageErr("elect", "election NAME %q: %s", pos[0], reservedWhy)
 	case len(extra) > 0:
 		return usageErr("elect", "unexpected argument %q: CMD comes after \"--\"", extra[0])
 	case hasCmd && len(cmdArgs) == 0:

@@ -41,8 +41,8 @@ func cmdRelease(args []string, stdout, stderr io.Writer) error {
 		return usageErr("release", "missing lock NAME")
 	case pos[0] == "":
 		return usageErr("release", "empty lock NAME")
-	case badName(pos[0]):
-		return usageErr("release", "lock NAME %q ends in \"/\" or contains \"//\": it would not be the lock it reads as", pos[0])
+	case reservedName(pos[0]):
+		return usageErr("release", "lock NAME %q: %s", pos[0], reservedWhy)
 	case len(rest) > 0:
 		return usageErr("release", "unexpected argument %q after NAME", rest[0])
 	}

@@ -139,8 +139,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("run", "missing lock NAME before \"--\"")
 	case pos[0] == "":
 		return usageErr("run", "empty lock NAME")
-	case badName(pos[0]):
-		return usageErr("run", "lock NAME %q ends in \"/\" or contains \"//\": it would not be the lock it reads as", pos[0])
+	case reservedName(pos[0]):
+		return usageErr("run", "lock NAME %q: %s", pos[0], reservedWhy)
 	case ttl < etcdlock.MinTTL:
 		return usageErr("run", "--ttl must be at least %v, not %v", etcdlock.MinTTL, ttl)
 	case timeout < 0:
@@ -225,10 +225,8 @@ func checkAlso(name string, also []string, mode etcdlock.KeyMode) error {
 		switch {
 		case n == "":
 			return usageErr("run", "empty --also NAME")
-		case badName(n):
-			return usageErr("run", "--also NAME %q ends in \"/\" or contains \"//\": it would not be the lock it reads as", n)
-		case strings.HasPrefix(n, "__etcdlock/"):
-			return usageErr("run", "--also NAME %q: names that start with \"__etcdlock/\" are the library's own", n)
+		case reservedName(n):
+			return usageErr("run", "--also NAME %q: %s", n, reservedWhy)
 		case seen[n]:
 			return usageErr("run", "lock NAME %q given twice", n)
 		}
@@ -830,10 +828,14 @@ func (r *lockRun) hold(stdout io.Writer) error {
 	return nil
 }
 
-// badName reports a name the library refuses to queue under
-// (etcdlock.ErrInvalidName): one that ends in "/" or contains "//", whose
-// keys would stand apart from those of the name it reads as ("tr/" queues
-// under "tr//"). Checked before connecting, as usage: exit 2.
-func badName(name string) bool {
-	return strings.HasSuffix(name, "/") || strings.Contains(name, "//")
+// reservedName reports a name the library refuses (etcdlock.ErrInvalidName)
+// because its queue would lie in the library's own range, "__etcdlock/".
+// Every other name is taken as etcd's Mutex and `etcdctl lock` take it:
+// "/my-lock/" queues under "/my-lock//", with them. Checked before
+// connecting, as usage: exit 2.
+func reservedName(name string) bool {
+	return strings.HasPrefix(name+"/", "__etcdlock/")
 }
+
+// reservedWhy says why reservedName refuses a name.
+const reservedWhy = `"__etcdlock" and the names under "__etcdlock/" are the library's own`

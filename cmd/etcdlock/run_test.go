@@ -21,6 +21,7 @@ import (
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 func TestHelp(t *testing.T) {
@@ -98,9 +99,9 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"run", "--", "true"}, `missing lock NAME before "--"`},
 		{nil, []string{"run", "--ttl", "5s", "--", "sleep", "10"}, `missing lock NAME before "--"`},
 		{nil, []string{"run", "", "--", "true"}, "empty lock NAME"},
-		{nil, []string{"run", "tr/", "--", "true"}, `lock NAME "tr/" ends in "/" or contains "//"`},
-		{nil, []string{"run", "foo//bar", "--", "true"}, `lock NAME "foo//bar" ends in "/" or contains "//"`},
-		{nil, []string{"elect", "tr/", "v", "--", "true"}, `election NAME "tr/" ends in "/" or contains "//"`},
+		{nil, []string{"run", "__etcdlock", "--", "true"}, `lock NAME "__etcdlock": "__etcdlock" and the names under "__etcdlock/" are the library's own`},
+		{nil, []string{"run", "__etcdlock/x", "--", "true"}, `lock NAME "__etcdlock/x": "__etcdlock" and the names`},
+		{nil, []string{"elect", "__etcdlock", "v", "--", "true"}, `election NAME "__etcdlock": "__etcdlock" and the names`},
 		{nil, []string{"run", "--ttl", "500ms", "n", "--", "true"}, "--ttl must be at least 1s"},
 		{nil, []string{"run", "--ttl", "soon", "n", "--", "true"}, `invalid value "soon" for flag -ttl`},
 		{nil, []string{"run", "--try", "--timeout", "1s", "n", "--", "true"}, "--try and --timeout exclude each other"},
@@ -367,6 +368,34 @@ func TestTry(t *testing.T) {
 	requireOneLineError(t, r, fmt.Sprintf("is held by etcdlock run sh, pid %d on %s (key %s, token %s)\n", p.cmd.Process.Pid, host, f[1], f[2]))
 	p.stdin.Close()
 	require.Equal(t, 0, p.wait(t), p.stderr.String())
+}
+
+// A name as etcd's Mutex and 'etcdctl lock' take it ("/my-lock/", as in
+// etcd's own examples) is one queue with them: the key is NAME + "/" +
+// the lease in hex. Such names were refused as ending in "/" (issue 30).
+func TestRunEtcdNames(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := "/" + lockName(t) + "/"
+	es, err := concurrency.NewSession(cli)
+	require.NoError(t, err)
+	defer es.Close()
+	theirs := concurrency.NewMutex(es, name)
+	require.NoError(t, theirs.Lock(t.Context()))
+
+	r := runProc(t, nil, "run", "--try", ep(), name, "--", "echo", "ran")
+	require.Equal(t, exitHeld, r.code, r.stderr)
+	requireOneLineError(t, r, "is held by "+theirs.Key())
+
+	require.NoError(t, theirs.Unlock(t.Context()))
+	p := startProc(t, nil, "run", ep(), name, "--", "sh", "-c", `echo "in $ETCDLOCK_KEY $ETCDLOCK_LEASE"; cat >/dev/null`)
+	f := strings.Fields(p.stdout.waitFor(t, "in "))
+	require.Equal(t, name+"/"+f[2], f[1])
+	require.ErrorIs(t, theirs.TryLock(t.Context()), concurrency.ErrLocked)
+	p.stdin.Close()
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+	require.NoError(t, theirs.TryLock(t.Context()))
+	require.NoError(t, theirs.Unlock(t.Context()))
 }
 
 func TestTimeout(t *testing.T) {
