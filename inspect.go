@@ -409,11 +409,13 @@ func readLeaseTTLs(ctx context.Context, cli *clientv3.Client, keys []QueueKey) {
 // InspectLock and ListLocks count them: key is name/x, with x not empty and
 // without "/" (so a/b/x is a key of the nested lock a/b, not of a). It
 // returns false for a key of no lock: one without "/", or ending in "/",
-// or starting with its only "/". A program that watches lock keys (as
-// etcdlock status --watch does) tells with it which lock an event is of.
+// or starting with its only "/", and the library's own keys under
+// "__etcdlock/" (release requests, lock delay records), which no lock
+// has. A program that watches lock keys (as etcdlock ls --watch does)
+// tells with it which lock an event is of.
 func LockOfKey(key string) (name string, ok bool) {
 	i := strings.LastIndexByte(key, '/')
-	if i <= 0 || i == len(key)-1 {
+	if i <= 0 || i == len(key)-1 || checkReserved(key[:i]) != nil {
 		return "", false
 	}
 	return key[:i], true
@@ -470,7 +472,7 @@ func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockL
 		for _, kv := range resp.Kvs {
 			key := string(kv.Key)
 			name, ok := LockOfKey(key)
-			if !ok || !strings.HasPrefix(name, prefix) || strings.HasPrefix(name, reservedPrefix) {
+			if !ok || !strings.HasPrefix(name, prefix) {
 				continue // not a lock's key, or the library's own (a request, a delay)
 			}
 			byName[name] = append(byName[name], queueKey(key, clientv3.LeaseID(kv.Lease), kv.CreateRevision, kv.Value))

@@ -341,6 +341,13 @@ func TestLockOfKey(t *testing.T) {
 		"a/":               "",    // ends in "/"
 		"/a":               "",    // no name before its only "/"
 		"a//b":             "a/",
+		"/my-lock//694d":   "/my-lock/",
+		// The library's own keys are no lock's (issue 30: ls --watch
+		// listed them).
+		"__etcdlock/release/a/694d": "",
+		"__etcdlock/delay/a/694d":   "",
+		"__etcdlock/694d":           "",
+		"__etcdlockx/694d":          "__etcdlockx",
 	} {
 		name, ok := etcdlock.LockOfKey(key)
 		require.Equal(t, want != "", ok, key)

@@ -170,6 +170,30 @@ func TestLsWatch(t *testing.T) {
 	stopWatch(t, p)
 }
 
+// TestLsWatchSkipsLibraryKeys: ls --watch, like ls, lists no lock for the
+// library's own keys under "__etcdlock/": a release request's key once
+// made it print a lock "__etcdlock/release/NAME" (issue 30).
+func TestLsWatchSkipsLibraryKeys(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holdLock(t, cli, name)
+	p := startProc(t, nil, "ls", "--watch", ep(), "__")
+	p.stdout.waitLine(t, 0) // the state: no lock under "__" but a test's marker
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+	resp, err := cli.Get(t.Context(), etcdlock.ReleaseRequestPrefix+name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, resp.Count, "the request's key")
+	// A lock's change after the request's: its line comes after any the
+	// request could have made.
+	marker := "__" + name
+	holdLock(t, cli, marker)
+	p.stdout.waitFor(t, marker+"  held by")
+	stopWatch(t, p)
+	require.NotContains(t, p.stdout.String(), "__etcdlock")
+	require.Empty(t, p.stderr.String())
+}
+
 // ptyOutput collects what processes write to a pseudo-terminal.
 type ptyOutput struct {
 	mu      sync.Mutex
