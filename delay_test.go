@@ -679,6 +679,54 @@ func TestLockDelayInspect(t *testing.T) {
 	require.NoError(t, w.Unlock(t.Context()))
 }
 
+// TestLockDelayWhoHolds: while a lock delay is pending, every reader of
+// the queue says nobody holds: InspectLock, ListLocks and RequestRelease,
+// which returns ErrNotHeld and asks no one. RequestRelease once counted
+// the waiter the delay keeps out as the holder, and its request reached
+// the hold admitted after the delay, a later hold; ListLocks showed that
+// waiter holding (issue 30).
+func TestLockDelayWhoHolds(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := delayName(t)
+	m, s := delayHolder(t, cli, name, longDelay)
+	w := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay))
+	wq := startWaiter(t.Context(), w)
+	require.Equal(t, m.Key(), wq.waitIdle(t))
+	require.NoError(t, s.Close())
+	require.Equal(t, etcdlock.LockDelayPrefix+m.Key(), wq.waitIdle(t), "the waiter waits for the delay")
+
+	q, err := etcdlock.InspectLock(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Empty(t, q.Holders())
+	require.Len(t, q.Delays, 1)
+	l, err := etcdlock.ListLocks(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Len(t, l.Locks, 1)
+	require.Equal(t, name, l.Locks[0].Name)
+	require.Empty(t, l.Locks[0].Holders, "the waiter a delay keeps out holds nothing")
+	require.Equal(t, 1, l.Locks[0].Waiters)
+	require.ErrorIs(t, etcdlock.RequestRelease(t.Context(), cli, name), etcdlock.ErrNotHeld)
+	resp, err := cli.Get(t.Context(), etcdlock.ReleaseRequestPrefix+name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Zero(t, resp.Count, "a request for nobody was written")
+
+	_, err = cli.Revoke(t.Context(), clientv3.LeaseID(delayRecords(t, cli, name)[m.Key()].lease)) // end the hour now
+	require.NoError(t, err)
+	require.NoError(t, wq.result(t, 30*time.Second))
+	l, err = etcdlock.ListLocks(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Equal(t, w.Key(), l.Locks[0].Holders[0].Key)
+	// A request made now is the hold's.
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+	select {
+	case <-w.ReleaseRequested():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the hold never saw its request")
+	}
+	require.NoError(t, w.Unlock(t.Context()))
+}
+
 // TestLockDelayFIFO: a delay keeps the queue's order and wakes no herd:
 // only the next in line waits for the delay's record; the waiter behind
 // it keeps watching the key just ahead, and is admitted after it.

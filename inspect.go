@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -171,18 +172,12 @@ func InspectLock(ctx context.Context, cli *clientv3.Client, name string, opts ..
 	for _, opt := range opts {
 		opt(&o)
 	}
-	q, err := readQueue(ctx, cli, name, o)
-	for o.rev == 0 && errors.Is(err, errPageCompacted) {
-		// The revision of the first page was compacted before a later
-		// page was read: read the queue anew, at a newer revision.
-		q, err = readQueue(ctx, cli, name, o)
-	}
+	q, err := readLock(ctx, cli, name, o)
 	if err != nil {
 		return nil, err
 	}
-	q.holders = markHolders(q.Keys)
-	if err := readDelays(ctx, cli, q, o); err != nil {
-		return nil, err
+	if !o.noLeases && o.rev == 0 {
+		readDelayTTLs(ctx, cli, q.Delays)
 	}
 	if err := readRequests(ctx, cli, q, o); err != nil {
 		return nil, err
@@ -254,32 +249,68 @@ func readQueue(ctx context.Context, cli *clientv3.Client, name string, o inspect
 	}
 }
 
-// readDelays reads the pending lock delays of q's lock, at q's revision,
-// and the time left of those started (unless o leaves leases unread). A
-// pending delay keeps out the keys behind its hold that the grant rule
-// would admit, but for those that wrote a record of their own (admitted
-// before the delay began): they are shown waiting. It returns only ctx's
-// error: without read permission on the records, none is read.
-func readDelays(ctx context.Context, cli *clientv3.Client, q *LockQueue, o inspectOptions) error {
-	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithRev(q.Revision)}
+// readLock is the one reading of a lock that every caller shares
+// (InspectLock, ListLocks' locks, RequestRelease): the queue's keys, every
+// page at one revision, and the lock's delay records at that revision,
+// settled into who holds and who waits (settle). With o.rev 0, a
+// revision compacted before the last read is read anew at a newer one.
+func readLock(ctx context.Context, cli *clientv3.Client, name string, o inspectOptions) (*LockQueue, error) {
+	for {
+		q, err := readQueue(ctx, cli, name, o)
+		var recs []*mvccpb.KeyValue
+		if err == nil {
+			recs, err = readRecords(ctx, cli, LockDelayPrefix+name+"/", q.Revision, o)
+		}
+		switch {
+		case err == nil:
+			settle(q, recs)
+			return q, nil
+		case o.rev != 0 || !errors.Is(err, rpctypes.ErrCompacted):
+			return nil, err
+		}
+		// The revision of the first page was compacted before a later
+		// read: read the lock anew, at a newer revision.
+	}
+}
+
+// readRecords reads the library's records under pfx (LockDelayPrefix +
+// a lock's prefix) at revision rev. Without read permission on them it
+// returns none: the queue is then settled by the grant rule alone.
+func readRecords(ctx context.Context, cli *clientv3.Client, pfx string, rev int64, o inspectOptions) ([]*mvccpb.KeyValue, error) {
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithRev(rev)}
 	if o.serializable {
 		opts = append(opts, clientv3.WithSerializable())
 	}
-	pfx := LockDelayPrefix + q.Name + "/"
 	resp, err := cli.Get(ctx, pfx, opts...)
-	if err != nil {
-		return ctx.Err()
+	switch {
+	case errors.Is(err, rpctypes.ErrPermissionDenied):
+		return nil, nil
+	case err != nil:
+		return nil, err
 	}
-	recorded := map[string]int64{}
+	return resp.Kvs, nil
+}
+
+// settle answers who holds q's lock, given its delay records read at
+// q.Revision (those of nested locks are passed over): the longest prefix
+// of the queue that the grant rule admits (Holders), less the keys that a
+// pending lock delay keeps out. A record whose key is gone (or has
+// another create revision) is a pending delay: it keeps out every key
+// behind its hold that did not write a record of its own (admitted
+// before the delay began). Those keys wait, first in line.
+func settle(q *LockQueue, recs []*mvccpb.KeyValue) {
+	q.holders = markHolders(q.Keys)
+	pfx := LockDelayPrefix + q.Name + "/"
+	recorded := map[string]bool{}
 	minToken := int64(-1)
-	for _, kv := range resp.Kvs {
+	for _, kv := range recs {
 		if !isChild(pfx, kv.Key) {
 			continue
 		}
 		key := strings.TrimPrefix(string(kv.Key), LockDelayPrefix)
 		token, secs := parseDelay(kv)
 		if slices.ContainsFunc(q.Keys, func(k QueueKey) bool { return k.Key == key && k.Token == token }) {
-			recorded[key] = token
+			recorded[key] = true
 			continue
 		}
 		q.Delays = append(q.Delays, PendingDelay{Key: key, Token: token, Delay: time.Duration(secs) * time.Second,
@@ -288,22 +319,24 @@ func readDelays(ctx context.Context, cli *clientv3.Client, q *LockQueue, o inspe
 			minToken = token
 		}
 	}
-	if minToken >= 0 {
-		for i, k := range q.Keys[:q.holders] {
-			if _, ok := recorded[k.Key]; k.Token > minToken && !ok {
-				for j := i; j < q.holders; j++ {
-					q.Keys[j].Holds = false
-				}
-				q.holders = i
-				break
+	if minToken < 0 {
+		return
+	}
+	for i, k := range q.Keys[:q.holders] {
+		if k.Token > minToken && !recorded[k.Key] {
+			for j := i; j < q.holders; j++ {
+				q.Keys[j].Holds = false
 			}
+			q.holders = i
+			return
 		}
 	}
-	if o.noLeases || o.rev > 0 {
-		return nil
-	}
-	for i := range q.Delays {
-		d := &q.Delays[i]
+}
+
+// readDelayTTLs reads the time left of each started delay of pd.
+func readDelayTTLs(ctx context.Context, cli *clientv3.Client, pd []PendingDelay) {
+	for i := range pd {
+		d := &pd[i]
 		if !d.Started {
 			continue
 		}
@@ -311,7 +344,6 @@ func readDelays(ctx context.Context, cli *clientv3.Client, q *LockQueue, o inspe
 			d.Left = time.Duration(r.TTL) * time.Second
 		}
 	}
-	return nil
 }
 
 // readRequests marks the holders of q to which a release request is
@@ -424,8 +456,10 @@ func LockOfKey(key string) (name string, ok bool) {
 // A LockSummary is one lock of those ListLocks finds: who holds it and how
 // many wait.
 type LockSummary struct {
-	Name    string
-	Holders []QueueKey // oldest first; at least one
+	Name string
+	// Holders are oldest first: at least one, but while a lock delay
+	// keeps the lock free (WithLockDelay), when there are none.
+	Holders []QueueKey
 	Waiters int
 }
 
@@ -448,7 +482,10 @@ type LockList struct {
 // under prefix that are no lock's key (no "/" after prefix, or ending in
 // "/") are skipped, and so are the library's own keys under
 // "__etcdlock/" (release requests, lock delay records), which no lock
-// has. It returns etcd's error if a read fails.
+// has. Who holds is settled as InspectLock settles it: one more range
+// reads the lock delay records under the prefix (LockDelayPrefix +
+// prefix), at the same revision, so that a waiter a pending delay keeps
+// out counts as waiting. It returns etcd's error if a read fails.
 func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockList, error) {
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	byName := map[string][]QueueKey{}
@@ -483,6 +520,18 @@ func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockL
 		// The next key after the last one read.
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
+	// The delay records of every lock listed, at the same revision: who
+	// holds is settled as InspectLock settles it.
+	recs, err := readRecords(ctx, cli, LockDelayPrefix+prefix, l.Revision, inspectOptions{})
+	if err != nil {
+		return nil, err
+	}
+	recsOf := map[string][]*mvccpb.KeyValue{}
+	for _, kv := range recs {
+		if name, ok := LockOfKey(strings.TrimPrefix(string(kv.Key), LockDelayPrefix)); ok {
+			recsOf[name] = append(recsOf[name], kv)
+		}
+	}
 	names := make([]string, 0, len(byName))
 	for name := range byName {
 		names = append(names, name)
@@ -491,10 +540,12 @@ func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockL
 	for _, name := range names {
 		keys := byName[name]
 		slices.SortFunc(keys, func(a, b QueueKey) int { return cmp.Compare(a.Token, b.Token) })
-		n := markHolders(keys)
 		for i := range keys {
 			keys[i].LeaseErr = errLeasesNotRead
 		}
+		q := &LockQueue{Name: name, Revision: l.Revision, Keys: keys}
+		settle(q, recsOf[name])
+		n := q.holders
 		l.Locks = append(l.Locks, LockSummary{Name: name, Holders: keys[:n:n], Waiters: len(keys) - n})
 	}
 	return l, nil

@@ -32,6 +32,9 @@ import (
 // name + "/" and its range) and to write the request keys (write
 // permission on ReleaseRequestPrefix + name + "/" and its range); a
 // holder that asks ReleaseRequested needs read permission on the latter.
+// For a lock with WithLockDelay it also reads the delay records (read
+// permission on LockDelayPrefix + name + "/" and its range): without it,
+// a waiter a pending delay keeps out counts as a holder.
 const ReleaseRequestPrefix = reservedPrefix + "release/"
 
 // reservedPrefix starts names the library keeps for its own keys.
@@ -58,6 +61,11 @@ const requestOps = 64
 // made then is addressed to it, and it sees it once it holds.
 // Each holder learns it from ReleaseRequested, and decides: nothing is
 // released by the request itself. It needs no Session.
+//
+// Who holds is what InspectLock shows: while a lock delay is pending
+// (WithLockDelay), the waiter it keeps out holds nothing, and a request
+// made then is for nobody; it never reaches the hold admitted after the
+// delay.
 //
 // Asking again while a hold lasts is the same request. RequestRelease
 // returns nil once etcd has recorded the request for every hold current
@@ -102,12 +110,14 @@ func RequestRelease(ctx context.Context, cli *clientv3.Client, name string) erro
 // Txns guarded by each hold being current. It reports whether every
 // request was recorded.
 func requestOnce(ctx context.Context, cli *clientv3.Client, name string) (bool, error) {
-	// The queue alone: not its leases, nor the requests already made.
-	q, err := readQueue(ctx, cli, name, inspectOptions{})
+	// Who holds, as InspectLock tells it: a waiter that a pending lock
+	// delay keeps out holds nothing, and a request made now must not
+	// reach the hold it will become. Not the leases, nor the requests
+	// already made.
+	q, err := readLock(ctx, cli, name, inspectOptions{})
 	if err != nil {
-		return false, err // a compacted later page passes: read again
+		return false, err
 	}
-	q.holders = markHolders(q.Keys)
 	holders := q.Holders()
 	if len(holders) == 0 {
 		return false, errorf("%w: %s", ErrNotHeld, name)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"testing"
 	"time"
 
@@ -71,6 +72,18 @@ func TestStatusWaitingForDelay(t *testing.T) {
 	require.Contains(t, r.stdout, "is held by nobody, 1 waiting for a lock delay")
 	require.Contains(t, r.stdout, w.Key())
 	require.Regexp(t, `lock delay: `+m.Key()+` ended without a release; the lock stays free \d+s more \(of 3600s\)`, r.stdout)
+	// ls settles who holds as status does: nobody (issue 30: it showed
+	// the waiter holding).
+	r = runProc(t, nil, "ls", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, regexp.QuoteMeta(name)+`\s+nobody \(a lock delay\)\s+-\s+1\n`, r.stdout)
+	r = runProc(t, nil, "ls", "--json", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	var ls lsJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ls))
+	require.Len(t, ls.Locks, 1)
+	require.Empty(t, ls.Locks[0].Holders)
+	require.Equal(t, 1, ls.Locks[0].Waiters)
 
 	_, err = cli.Revoke(t.Context(), q.Delays[0].Lease)
 	require.NoError(t, err)

@@ -46,7 +46,8 @@ change touches, in revision order, none skipped:
 
   TIME  rev REVISION  NAME  STATE  (KEY joined|left|new value, ...)
 
-STATE is "free" or "held by HOLDER for HELD FOR, M waiting". TIME is when
+STATE is "free", "held by HOLDER for HELD FOR, M waiting", or "held by
+nobody, M waiting for a lock delay" (WithLockDelay). TIME is when
 etcdlock saw the change. With --json each line is a JSON object: first
 the state, ls --json's object with "time" (its "locks" may be []); then,
 for each lock a change touches, a lock of its "locks" with "time",
@@ -179,6 +180,11 @@ func printLs(w io.Writer, ls *lsJSON, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tHOLDER\tHELD FOR\tWAITERS")
 	for _, lk := range ls.Locks {
+		if len(lk.Holders) == 0 {
+			// Keys, but none holds: a lock delay keeps the lock free.
+			fmt.Fprintf(tw, "%s\tnobody (a lock delay)\t-\t%d\n", lk.Name, lk.Waiters)
+			continue
+		}
 		h := lk.Holders[0]
 		holder := h.holderText()
 		if n := len(lk.Holders) - 1; n > 0 {
@@ -290,6 +296,9 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 			return
 		}
 		state := "free"
+		if len(lk.Holders) == 0 && lk.Waiters > 0 {
+			state = fmt.Sprintf("held by nobody, %d waiting for a lock delay", lk.Waiters)
+		}
 		if len(lk.Holders) > 0 {
 			h := lk.Holders[0]
 			state = "held by " + h.holderText()
