@@ -727,6 +727,46 @@ func TestLockDelayWhoHolds(t *testing.T) {
 	require.NoError(t, w.Unlock(t.Context()))
 }
 
+// TestLockDelayUnlockEndedCtxThenClose: Unlock with a ctx that has
+// ended hands the release to the background; Session.Close at once (the
+// shutdown after SIGTERM) sends it before it ends the session, so the
+// release is clean and the next holder waits no delay. Close once ended
+// the session first, leaving key and record to the lease: the next holder
+// waited out the whole delay (issue 30). The release's first attempt
+// fails here, as in a leader election, so that the one still owed when
+// Close begins is the releaser's next, after its backoff.
+func TestLockDelayUnlockEndedCtxThenClose(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := delayName(t)
+	var in etcdtest.Injector
+	icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+	s, err := etcdlock.NewSession(t.Context(), icli)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
+	require.NoError(t, m.Lock(t.Context()))
+	w := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithLockDelay(longDelay))
+	wq := startWaiter(t.Context(), w)
+	require.Equal(t, m.Key(), wq.waitIdle(t))
+
+	deletesKey := func(r etcdtest.RPC) bool {
+		txn, ok := r.Req.(*pb.TxnRequest)
+		return ok && slices.ContainsFunc(txn.Success, func(op *pb.RequestOp) bool {
+			return string(op.GetRequestDeleteRange().GetKey()) == m.Key()
+		})
+	}
+	fired := in.At(etcdtest.Nth(1, deletesKey), etcdtest.Action{Fail: status.Error(codes.Unavailable, "test: no leader")})
+	ended, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.ErrorIs(t, m.Unlock(ended), context.Canceled)
+	awaitFired(t, fired)
+	require.NoError(t, s.Close())
+	require.NoError(t, wq.result(t, 30*time.Second), "admitted at once, not after an hour's delay")
+	require.Nil(t, delayRecords(t, cli, name)[m.Key()], "the release deleted the record")
+	require.NoError(t, w.Unlock(t.Context()))
+}
+
 // TestLockDelayFIFO: a delay keeps the queue's order and wakes no herd:
 // only the next in line waits for the delay's record; the waiter behind
 // it keeps watching the key just ahead, and is admitted after it.

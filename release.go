@@ -383,6 +383,23 @@ func (r *releaser) signal() {
 	}
 }
 
+// flush wakes the releaser to send its pending releases now, and waits
+// until none is left or ctx ends: Session.Close calls it before it ends
+// the session, which would leave them to the lease.
+func (r *releaser) flush(ctx context.Context) {
+	r.mu.Lock()
+	running, done := r.running, r.done
+	r.mu.Unlock()
+	if !running {
+		return
+	}
+	r.signal()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
 // wait waits until the releaser's goroutine has returned, once the
 // session has ended: the goroutine ends every release left (their keys go
 // with the lease) and returns at once.

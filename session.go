@@ -334,7 +334,19 @@ func (s *Session) Err() error {
 // fails (etcd unreachable, or the client already closed), the locks are
 // released when the lease expires, at most TTL later, and Close returns
 // the error.
+//
+// Before it ends the session, Close sends the releases that Unlock handed
+// to the background (its ctx had ended) and waits for them, for up to 5
+// seconds: so Unlock followed at once by Close, even with an ended ctx
+// (the usual shutdown after SIGTERM), is a clean release, and a lock
+// delay (WithLockDelay) does not begin. A release etcd has not confirmed
+// by then goes with the lease.
 func (s *Session) Close() error {
+	if s.Err() == nil {
+		fctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		s.releaser.flush(fctx)
+		cancel()
+	}
 	s.shutdown()
 	s.mu.Lock()
 	again := s.revoking
