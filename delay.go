@@ -66,7 +66,10 @@ const MaxLockDelay = 24 * time.Hour
 // returns ErrLocked and starts it), which then waits d: etcd records no
 // time a later waiter could count from.
 //
-// A waiter writes nothing for it, so a waiter that dies delays nobody. An
+// A waiter writes nothing for it, so a waiter that dies delays nobody. A
+// Lock whose write's answer was lost and whose session ended before it
+// could learn the outcome leaves the record that write may have put: the
+// next holder then waits the delay out, on the safe side. An
 // uncontended Lock and a TryLock write the record in the Txn that takes
 // the lock, a Mutex's waiter in the read that finds it admitted (which
 // is then a write), and Unlock deletes it in the Txn that releases: no
