@@ -1,6 +1,9 @@
 package etcdlock
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // SetTestHookWait makes m call f, with the key it watches, each time it has
 // set up its watches and blocks waiting for its turn.
@@ -52,4 +55,14 @@ func SawGoneMidRelease(l interface{ self() *queue }) bool {
 		}
 	}
 	return false
+}
+
+// WithTestHookReturned makes Lead call f once fn has returned and the
+// term's end is decided, before it stops watching the term for a loss or
+// a request: f may make one come then.
+func WithTestHookReturned(f func(fctx context.Context, e *Election)) LeadOption {
+	return func(o *leadOptions) error {
+		o.testHookReturned = f
+		return nil
+	}
 }

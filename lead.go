@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -20,6 +21,10 @@ type leadOptions struct {
 	ttl      time.Duration // the TTL session sets: it bounds each Grant
 	observer func(Leader)
 	yield    bool // YieldOnRequest
+
+	// testHookReturned, when set, is called once fn has returned and
+	// its term's end is decided, before the watch of the term stops.
+	testHookReturned func(fctx context.Context, e *Election)
 }
 
 // WithSessionOptions sets the options of the sessions Lead makes, one per
@@ -63,8 +68,10 @@ func WithObserver(f func(Leader)) LeadOption {
 // (RequestRelease on the election's name): it cancels fn's ctx with a
 // context.Cause matching ErrReleaseRequested, waits for fn to return,
 // resigns, so that the next candidate in line is elected at once, and
-// campaigns again at the back of the line. A deploy that asks the leader
-// to step down thus moves the leadership once, to the next in line.
+// campaigns again at the back of the line, whatever fn returned. A deploy
+// that asks the leader to step down thus moves the leadership once, to
+// the next in line. A request that comes once fn has returned cancels
+// nothing: Lead returns fn's error, as without the option (see Lead).
 // Default: a request cancels nothing; fn may watch for it
 // (Term.ReleaseRequested) and decide.
 func YieldOnRequest() LeadOption {
@@ -151,8 +158,13 @@ func TermFromContext(ctx context.Context) (Term, bool) {
 //     that lasted that long), until ctx ends. A fresh Session's Grant that
 //     etcd does not answer within the TTL is given up, and tried again
 //     after the backoff: a Grant sent into a dead link never blocks Lead.
-//   - If fn returns while still the leader, Lead resigns and returns fn's
-//     error (nil included).
+//   - If fn returns before Lead has cancelled its ctx, Lead resigns and
+//     returns fn's error (nil included), even if the leadership is lost
+//     or a request comes as fn returns: fn is not run again for them.
+//     Once Lead has cancelled fn's ctx (a loss, or a request with
+//     YieldOnRequest), the term ends for that cause, whatever fn returns
+//     then (nil included): Lead campaigns again, and runs fn again when
+//     it wins. To stop Lead, end its ctx.
 //   - A request to step down (RequestRelease) closes the term's
 //     ReleaseRequested; with YieldOnRequest, Lead ends fn (cause
 //     ErrReleaseRequested), resigns, and campaigns again at once, at the
@@ -269,6 +281,20 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 	if o.yield {
 		asked = e.ReleaseRequested()
 	}
+	// One rule decides how the term ended: by a cause that cancelled
+	// fn's ctx before fn returned (a loss, a request with YieldOnRequest),
+	// whatever fn returns then, or by fn's return. A cause that comes once
+	// fn has returned cancels nothing: fn's return stands (nil included),
+	// and fn is not run again for it.
+	var mu sync.Mutex
+	returned := false // guarded by mu
+	end := func(cause error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !returned {
+			cancel(cause)
+		}
+	}
 	finished := make(chan struct{})
 	watcherDone := make(chan struct{})
 	go func() {
@@ -279,16 +305,22 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 			if err == nil {
 				err = errorf("%w: leadership of %s ended", ErrLockLost, name)
 			}
-			cancel(err)
+			end(err)
 		case <-asked:
-			cancel(errorf("%w: leadership of %s", ErrReleaseRequested, name))
+			end(errorf("%w: leadership of %s", ErrReleaseRequested, name))
 		case <-finished:
 		}
 	}()
 	fnErr := fn(fctx)
+	mu.Lock()
+	returned = true
+	lost := context.Cause(fctx)
+	mu.Unlock()
+	if o.testHookReturned != nil {
+		o.testHookReturned(fctx, e)
+	}
 	close(finished)
 	<-watcherDone
-	lost := context.Cause(fctx)
 	cancel(nil)
 
 	// Resign, also after a loss (it then only forgets the leadership).

@@ -229,6 +229,67 @@ func TestRequestReleaseNames(t *testing.T) {
 	require.ErrorIs(t, etcdlock.NewElection(s, "__etcdlock/x").Campaign(t.Context(), "v"), etcdlock.ErrInvalidName)
 }
 
+// TestLeadYieldRace: with YieldOnRequest, one rule says how a term ends
+// (issue 30: the docs of Lead and YieldOnRequest disagreed, and a request
+// that came as fn returned nil ran fn again). A request that cancels fn's
+// ctx before fn returns ends the term, whatever fn returns: Lead
+// campaigns again and runs fn again. A request that comes once fn has
+// returned nil cancels nothing: Lead returns nil, having run fn once.
+func TestLeadYieldRace(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	opts := []etcdlock.LeadOption{etcdlock.YieldOnRequest(), etcdlock.WithSessionOptions(etcdlock.WithTTL(5 * time.Second))}
+
+	t.Run("RequestBeforeReturn", func(t *testing.T) {
+		name := lockName(t)
+		runs := 0
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		err := etcdlock.Lead(ctx, cli, name, "v", func(fctx context.Context) error {
+			runs++
+			if runs == 1 {
+				require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+				<-fctx.Done() // cancelled before fn returns
+				require.ErrorIs(t, context.Cause(fctx), etcdlock.ErrReleaseRequested)
+				return nil
+			}
+			cancel() // run again: enough
+			return nil
+		}, opts...)
+		require.ErrorIs(t, err, context.Canceled)
+		require.Equal(t, 2, runs)
+	})
+
+	t.Run("RequestAfterReturn", func(t *testing.T) {
+		name := lockName(t)
+		runs := 0
+		hook := etcdlock.WithTestHookReturned(func(fctx context.Context, e *etcdlock.Election) {
+			// fn has returned nil: a request comes now, before Lead
+			// stops watching for one. It must cancel nothing.
+			require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
+			select {
+			case <-e.ReleaseRequested():
+			case <-time.After(30 * time.Second):
+				t.Fatal("the request was never seen")
+			}
+			select {
+			case <-fctx.Done():
+			case <-time.After(time.Second): // a cancel would come within a moment
+			}
+		})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		err := etcdlock.Lead(ctx, cli, name, "v", func(context.Context) error {
+			if runs++; runs > 1 {
+				cancel() // run again: the request was taken for the term's
+			}
+			return nil
+		}, append(opts, hook)...)
+		require.NoError(t, err, "fn's nil stands")
+		require.Equal(t, 1, runs, "fn ran again for a request after it returned")
+	})
+}
+
 // TestLeadYieldOnRequest: three Lead loops made YieldOnRequest. Each
 // request moves the leadership once, to the next in line: fn's ctx ends
 // with ErrReleaseRequested, the next candidate's fn starts, and the one
