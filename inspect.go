@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -54,6 +55,15 @@ type QueueKey struct {
 	// false for a waiter, and when the request keys could not be read
 	// (no read permission on them).
 	ReleaseRequested bool
+
+	// InSet says the key is one of a MultiMutex's: its set holds this
+	// lock only while it holds every name of the set.
+	InSet bool
+	// WaitsFor is, for a MultiMutex's key first in line, the name of its
+	// set that still keeps the set out: the key waits (others on this
+	// lock wait behind it, first come, first served), and nobody holds
+	// the lock. "" for every other key.
+	WaitsFor string
 }
 
 // A LockQueue is a lock's queue at one etcd revision: its holders, then
@@ -261,9 +271,12 @@ func readLock(ctx context.Context, cli *clientv3.Client, name string, o inspectO
 		if err == nil {
 			recs, err = readRecords(ctx, cli, LockDelayPrefix+name+"/", q.Revision, o)
 		}
+		if err == nil {
+			settle(q, recs)
+			err = settleSet(ctx, cli, q, o)
+		}
 		switch {
 		case err == nil:
-			settle(q, recs)
 			return q, nil
 		case o.rev != 0 || !errors.Is(err, rpctypes.ErrCompacted):
 			return nil, err
@@ -333,6 +346,80 @@ func settle(q *LockQueue, recs []*mvccpb.KeyValue) {
 	}
 }
 
+// settleSet settles a queue whose first key the grant rule admits but
+// that is a MultiMutex's: its set holds the lock only once every other
+// name of the set admits it too, and until then the key waits, first in
+// line (WaitsFor), and nobody holds. Each key of a set names the next
+// name of the set (setLine), so from this one the names lead round the
+// set: for each, one read at q.Revision of the set's key there (same
+// lease, same create revision) and of a page of the keys ahead of it.
+// One name in which a key is ahead, or the set's key is gone (its set is
+// being released), keeps the set out. A plain lock's queue costs nothing.
+func settleSet(ctx context.Context, cli *clientv3.Client, q *LockQueue, o inspectOptions) error {
+	if q.holders == 0 || !q.Keys[0].InSet {
+		return nil
+	}
+	head := q.Keys[0]
+	lease := strings.TrimPrefix(head.Key, q.Name+"/")
+	at := []clientv3.OpOption{clientv3.WithRev(q.Revision)}
+	if o.serializable {
+		at = append(at, clientv3.WithSerializable())
+	}
+	next, _ := setNext(head.Value)
+	for range MaxMultiNames {
+		if next == q.Name {
+			return nil // round the set: it holds every name
+		}
+		pfx := next + "/"
+		ahead := append(queueOpts(KeyMode{}, clientv3.SortDescend, head.Token-1, 0, false), at...)
+		resp, err := cli.Txn(ctx).Then(
+			clientv3.OpGet(pfx+lease, at...),
+			clientv3.OpGet(pfx, ahead...),
+		).Commit()
+		if err != nil {
+			return err
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 || kvs[0].CreateRevision != head.Token {
+			break // the set's key is gone there
+		}
+		blocked, err := anyChild(ctx, cli, pfx, q.Revision, resp.Responses[1].GetResponseRange())
+		if err != nil {
+			return err
+		}
+		if blocked {
+			break
+		}
+		if next, _ = setNext(kvs[0].Value); next == "" {
+			return nil // not a set's value: as the grant rule says
+		}
+	}
+	q.Keys[0].Holds, q.Keys[0].WaitsFor, q.holders = false, next, 0
+	return nil
+}
+
+// anyChild reports whether a range of keys under pfx, newest first, read
+// at rev, whose first page is r, holds a direct child of pfx: a key of
+// the lock pfx names, not of a nested one. Later pages are read at rev.
+func anyChild(ctx context.Context, cli *clientv3.Client, pfx string, rev int64, r *pb.RangeResponse) (bool, error) {
+	p := &pager{cli: cli, pfx: pfx, rev: rev, desc: true, tie: []clientv3.OpOption{clientv3.WithKeysOnly()}, page: func() []clientv3.OpOption {
+		return queueOpts(KeyMode{}, clientv3.SortDescend, 0, 0, true)
+	}}
+	p.add(r.Kvs, r.More)
+	for kvs := r.Kvs; ; {
+		if slices.ContainsFunc(kvs, func(kv *mvccpb.KeyValue) bool { return isChild(pfx, kv.Key) }) {
+			return true, nil
+		}
+		if !p.more {
+			return false, nil
+		}
+		var err error
+		if kvs, err = p.next(ctx); err != nil {
+			return false, err
+		}
+	}
+}
+
 // readDelayTTLs reads the time left of each started delay of pd.
 func readDelayTTLs(ctx context.Context, cli *clientv3.Client, pd []PendingDelay) {
 	for i := range pd {
@@ -376,7 +463,8 @@ func readRequests(ctx context.Context, cli *clientv3.Client, q *LockQueue, o ins
 // queueKey is the QueueKey of a key read, with its holds and lease yet
 // unknown.
 func queueKey(key string, lease clientv3.LeaseID, rev int64, value []byte) QueueKey {
-	return QueueKey{Key: key, Lease: lease, Token: rev, Mode: ParseKeyMode(value), Identity: identityOf(value), Value: value}
+	_, set := setNext(value)
+	return QueueKey{Key: key, Lease: lease, Token: rev, Mode: ParseKeyMode(value), Identity: identityOf(value), Value: value, InSet: set}
 }
 
 // markHolders sets Holds on the keys that hold (keys is a whole queue,
@@ -457,10 +545,15 @@ func LockOfKey(key string) (name string, ok bool) {
 // many wait.
 type LockSummary struct {
 	Name string
-	// Holders are oldest first: at least one, but while a lock delay
-	// keeps the lock free (WithLockDelay), when there are none.
+	// Holders are oldest first: at least one, but none while a lock
+	// delay keeps the lock free (WithLockDelay) or the first in line is
+	// a MultiMutex that still waits for another name (WaitsFor).
 	Holders []QueueKey
 	Waiters int
+	// WaitsFor is set when nobody holds because the key first in line
+	// is a MultiMutex's whose set still waits for that other name
+	// (QueueKey.WaitsFor).
+	WaitsFor string
 }
 
 // A LockList is the locks under a prefix at one etcd revision.
@@ -545,8 +638,11 @@ func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockL
 		}
 		q := &LockQueue{Name: name, Revision: l.Revision, Keys: keys}
 		settle(q, recsOf[name])
+		if err := settleSet(ctx, cli, q, inspectOptions{}); err != nil {
+			return nil, err
+		}
 		n := q.holders
-		l.Locks = append(l.Locks, LockSummary{Name: name, Holders: keys[:n:n], Waiters: len(keys) - n})
+		l.Locks = append(l.Locks, LockSummary{Name: name, Holders: keys[:n:n], Waiters: len(keys) - n, WaitsFor: keys[0].WaitsFor})
 	}
 	return l, nil
 }

@@ -54,13 +54,35 @@ func (q *queue) value(m KeyMode) string {
 	return m.value() + "\n" + q.opts.identity
 }
 
+// setHeader starts the first line of the value of a MultiMutex's key,
+// "etcdlock/1 set " and the quoted name of the set's next name: from any
+// one key of a set, the names lead round the whole set, so that a reader
+// of one queue can tell whether the set holds (readLock). It reads as
+// exclusive (ParseKeyMode), to etcdlock releases before it too.
+const setHeader = modeHeader + "set "
+
+// setLine is the first line of a set's key whose next name is next.
+func setLine(next string) string { return setHeader + strconv.Quote(next) }
+
+// setNext returns the next name that a set's key's value names, and
+// false for a key of no set.
+func setNext(value []byte) (next string, ok bool) {
+	line, _, _ := bytes.Cut(value, []byte("\n"))
+	q, ok := strings.CutPrefix(string(line), setHeader)
+	if !ok {
+		return "", false
+	}
+	next, err := strconv.Unquote(q)
+	return next, err == nil && next != ""
+}
+
 // identityOf returns the identity recorded in a key's value by
 // WithIdentity: what follows the first "\n", when the first line is a mode
 // line as etcdlock writes it (empty for exclusive). Any other value (etcd's
 // empty one, an election's proposal, a JSON record) has none: "".
 func identityOf(value []byte) string {
 	line, rest, ok := bytes.Cut(value, []byte("\n"))
-	if !ok || (len(line) > 0 && ParseKeyMode(value).Exclusive()) {
+	if _, set := setNext(value); !ok || (len(line) > 0 && ParseKeyMode(value).Exclusive() && !set) {
 		return ""
 	}
 	return string(rest)

@@ -21,7 +21,10 @@ const MaxMultiNames = 64
 // not at all: Lock puts a key under every name in one Txn, so all its keys
 // share one create revision, and holds once each name's queue admits it.
 // It never holds some names while it waits for others' holders to let it
-// in: it waits in every queue at once, from the moment of that Txn.
+// in: it waits in every queue at once, from the moment of that Txn. First
+// in one name's queue while it waits for another, it holds nothing, but
+// those behind it on that name wait for it (first come, first served);
+// InspectLock shows its key there waiting (QueueKey.WaitsFor).
 //
 // Revisions order every key, of a MultiMutex or of a single Mutex, the
 // same way in every queue, and a key waits only for keys older than it:
@@ -29,7 +32,8 @@ const MaxMultiNames = 64
 // any order of names, and Mutexes on the same names never deadlock. Each
 // name's queue stays first come, first served.
 //
-// Each key is name/<lease ID in hex> with a Mutex's value, so etcd's
+// Each key is name/<lease ID in hex>, whose value reads as a Mutex's
+// (exclusive) and names the set's next name, so etcd's
 // concurrency.Mutex, `etcdctl lock` and a Mutex on any one of the names
 // queue with the MultiMutex and exclude it. Every guarantee of a Mutex
 // holds for the set: see Mutex for what Lock, TryLock, Unlock and Do
@@ -271,7 +275,7 @@ func (q *queue) placeSet(ctx context.Context, val string) (rev int64, pages []*p
 			}
 			kv := kvs[0]
 			revs[i] = kv.CreateRevision
-			placed = placed && revs[i] == revs[0] && string(kv.Value) == val && kv.Lease == int64(q.s.Lease())
+			placed = placed && revs[i] == revs[0] && string(kv.Value) == q.set.parts[i].partValue(val) && kv.Lease == int64(q.s.Lease())
 		}
 		if placed {
 			return revs[0], pages, resp.Header, nil
@@ -299,7 +303,7 @@ func (q *queue) placeSetTxn(ctx context.Context, val string) (*clientv3.TxnRespo
 	orElse := make([]clientv3.Op, 2*n)
 	for i, p := range q.set.parts {
 		cmps[i] = clientv3.Compare(clientv3.CreateRevision(p.key), "=", 0)
-		then[i] = clientv3.OpPut(p.key, val, clientv3.WithLease(q.s.Lease()))
+		then[i] = clientv3.OpPut(p.key, p.partValue(val), clientv3.WithLease(q.s.Lease()))
 		orElse[i] = clientv3.OpGet(p.key)
 		then[n+i] = p.opQueue(KeyMode{}, 0)
 		orElse[n+i] = then[n+i]
@@ -439,16 +443,25 @@ func (q *queue) ownCmps(rev int64) []clientv3.Cmp {
 }
 
 // puts returns the Puts of q's key (for a part of a set, every key of
-// the set) with value val, bound to lease.
+// the set) with value val (partValue), bound to lease.
 func (q *queue) puts(val string, lease clientv3.LeaseID) []clientv3.Op {
 	if q.set == nil {
 		return []clientv3.Op{clientv3.OpPut(q.key, val, clientv3.WithLease(lease))}
 	}
 	ops := make([]clientv3.Op, len(q.set.parts))
 	for i, p := range q.set.parts {
-		ops[i] = clientv3.OpPut(p.key, val, clientv3.WithLease(lease))
+		ops[i] = clientv3.OpPut(p.key, p.partValue(val), clientv3.WithLease(lease))
 	}
 	return ops
+}
+
+// partValue is the value of the key of p, a part of a set, given the
+// set's value val (a Mutex's: "" or an identity's line): a set line that
+// names the part after p, in a ring (setLine), then val.
+func (p *queue) partValue(val string) string {
+	parts := p.set.parts
+	i := slices.Index(parts, p)
+	return setLine(parts[(i+1)%len(parts)].name) + val
 }
 
 // deletes returns the deletions of every key of q's set: by name when

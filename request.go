@@ -56,16 +56,15 @@ const requestOps = 64
 // every hold current when the request is made (the holder of a Mutex, a
 // MultiMutex holding the name, an election's leader, every reader holding
 // an RWMutex, every holder of a Semaphore's permits), and no later hold.
-// A MultiMutex at the head of the name's queue holds the name for
-// everyone else even while it still waits for its other names: a request
-// made then is addressed to it, and it sees it once it holds.
 // Each holder learns it from ReleaseRequested, and decides: nothing is
 // released by the request itself. It needs no Session.
 //
-// Who holds is what InspectLock shows: while a lock delay is pending
-// (WithLockDelay), the waiter it keeps out holds nothing, and a request
-// made then is for nobody; it never reaches the hold admitted after the
-// delay.
+// Who holds is what InspectLock shows. While a lock delay is pending
+// (WithLockDelay), the waiter it keeps out holds nothing; and a
+// MultiMutex first in the name's queue that still waits for another of
+// its names holds nothing either (others wait behind it, but it has not
+// begun). A request made then is for nobody: RequestRelease returns
+// ErrNotHeld, and no request reaches the hold that begins later.
 //
 // Asking again while a hold lasts is the same request. RequestRelease
 // returns nil once etcd has recorded the request for every hold current
@@ -119,7 +118,10 @@ func requestOnce(ctx context.Context, cli *clientv3.Client, name string) (bool, 
 		return false, err
 	}
 	holders := q.Holders()
-	if len(holders) == 0 {
+	switch {
+	case len(holders) == 0 && len(q.Keys) > 0 && q.Keys[0].WaitsFor != "":
+		return false, errorf("%w: %s: first in line is a MultiMutex (%s) that still waits for %s", ErrNotHeld, name, q.Keys[0].Key, q.Keys[0].WaitsFor)
+	case len(holders) == 0:
 		return false, errorf("%w: %s", ErrNotHeld, name)
 	}
 	// Holders that share the lock (readers, permits) admit more holders

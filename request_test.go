@@ -524,10 +524,12 @@ func TestRequestReleaseReaderJoins(t *testing.T) {
 	require.NoError(t, r2.RUnlock(t.Context()))
 }
 
-// TestRequestReleaseWaitingSet: a MultiMutex at the head of a name's queue
-// holds that name for everyone else while it waits for its other names;
-// a request on that name is addressed to it, and it sees it once it holds
-// (as documented on RequestRelease).
+// TestRequestReleaseWaitingSet: a MultiMutex at the head of a name's
+// queue that still waits for its other names holds nothing: InspectLock
+// and ListLocks show its key first in line, waiting for the name that
+// keeps it out, and a request on the name is for nobody (ErrNotHeld), so
+// it never reaches the hold the set begins later. (Before issue 30 the
+// readers showed the set holding the name, and the request reached it.)
 func TestRequestReleaseWaitingSet(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
@@ -539,10 +541,32 @@ func TestRequestReleaseWaitingSet(t *testing.T) {
 	q.waitIdle(t)
 	lq, err := etcdlock.InspectLock(t.Context(), cli, names[0], etcdlock.WithoutLeases())
 	require.NoError(t, err)
-	require.Equal(t, m.Keys()[0], lq.Holders()[0].Key, "the waiting set holds the first name")
-	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, names[0]))
+	require.Empty(t, lq.Holders(), "the waiting set holds nothing")
+	require.Len(t, lq.Waiters(), 1)
+	require.Equal(t, m.Keys()[0], lq.Waiters()[0].Key)
+	require.True(t, lq.Waiters()[0].InSet)
+	require.Equal(t, names[1], lq.Waiters()[0].WaitsFor)
+	l, err := etcdlock.ListLocks(t.Context(), cli, names[0])
+	require.NoError(t, err)
+	require.Equal(t, names[0], l.Locks[0].Name)
+	require.Empty(t, l.Locks[0].Holders)
+	require.Equal(t, 1, l.Locks[0].Waiters)
+	err = etcdlock.RequestRelease(t.Context(), cli, names[0])
+	require.ErrorIs(t, err, etcdlock.ErrNotHeld)
+	require.ErrorContains(t, err, "still waits for "+names[1])
+
 	require.NoError(t, b.Unlock(t.Context()))
 	require.NoError(t, q.result(t, 10*time.Second))
-	requested(t, m.ReleaseRequested(), "the set, asked while it held the first name only")
+	lq, err = etcdlock.InspectLock(t.Context(), cli, names[0], etcdlock.WithoutLeases())
+	require.NoError(t, err)
+	require.Equal(t, m.Keys()[0], lq.Holders()[0].Key, "the set holds every name")
+	require.Empty(t, lq.Holders()[0].WaitsFor)
+	resp, err := cli.Get(t.Context(), etcdlock.ReleaseRequestPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	require.NoError(t, err)
+	for _, kv := range resp.Kvs {
+		require.NotContains(t, string(kv.Key), m.Keys()[0], "a request for nobody was written")
+	}
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, names[0]))
+	requested(t, m.ReleaseRequested(), "the set, asked once it holds")
 	require.NoError(t, m.Unlock(t.Context()))
 }

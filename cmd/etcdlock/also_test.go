@@ -1,9 +1,13 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/stretchr/testify/require"
@@ -53,6 +57,42 @@ func TestRunAlso(t *testing.T) {
 	requireOneLineError(t, r, `lock "`+b+`" is held by `+m.Key())
 	require.Empty(t, queueKeys(t, cli, a))
 	require.NoError(t, m.Unlock(t.Context()))
+}
+
+// TestStatusWaitingSet: a run --also that is first in line for one name
+// but still waits for its other name holds neither, and has not started
+// CMD: status and ls show its key first in line, waiting for that name,
+// and nobody holding (issue 30: they showed it holding, and its run as
+// running).
+func TestStatusWaitingSet(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	a, b := lockName(t)+"/a", lockName(t)+"/b"
+	m, _ := holdLock(t, cli, b)
+	p := startProc(t, nil, "run", ep(), "--also", b, a, "--", "sh", "-c", "echo ran; cat >/dev/null")
+	require.Eventually(t, func() bool { return len(queueKeys(t, cli, a)) == 1 }, procTimeout, 10*time.Millisecond)
+
+	r := runProc(t, nil, "status", ep(), a)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, fmt.Sprintf("lock %q is held by nobody, 1 waiting: first in line is a MultiMutex that still waits for %q", a, b))
+	require.NotContains(t, r.stdout, "running")
+	r = runProc(t, nil, "status", "--json", ep(), a)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Empty(t, st.Holders)
+	require.Equal(t, b, st.Waiters[0].WaitsFor)
+	r = runProc(t, nil, "ls", ep(), a)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, regexp.QuoteMeta(a)+`\s+nobody \(a MultiMutex waits for `+regexp.QuoteMeta(strconv.Quote(b))+`\)\s+-\s+1\n`, r.stdout)
+	require.NotContains(t, p.stdout.String(), "ran")
+
+	require.NoError(t, m.Unlock(t.Context()))
+	p.stdout.waitFor(t, "ran")
+	r = runProc(t, nil, "status", ep(), a)
+	require.Contains(t, r.stdout, fmt.Sprintf("lock %q is held, 0 waiting", a))
+	p.stdin.Close()
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
 }
 
 func TestRunAlsoUsage(t *testing.T) {

@@ -74,6 +74,9 @@ type lsLockJSON struct {
 	Name    string         `json:"name"`
 	Holders []lsHolderJSON `json:"holders"` // oldest first
 	Waiters int            `json:"waiters"`
+	// WaitsFor is set when nobody holds because the first in line is a
+	// MultiMutex (etcdlock run --also) that still waits for that name.
+	WaitsFor string `json:"waits_for,omitempty"`
 }
 
 type lsHolderJSON struct {
@@ -144,20 +147,20 @@ func readLs(ctx context.Context, cli *clientv3.Client, prefix string, record rec
 	}
 	out := &lsJSON{Prefix: prefix, Revision: l.Revision, Locks: []lsLockJSON{}}
 	for _, lk := range l.Locks {
-		out.Locks = append(out.Locks, newLsLock(ctx, cli, lk.Name, lk.Holders, lk.Waiters, record))
+		out.Locks = append(out.Locks, newLsLock(ctx, cli, lk.Name, lk.Holders, lk.Waiters, lk.WaitsFor, record))
 	}
 	return out, nil
 }
 
 // newLsLock tells lock name, with what its holders recorded about
 // themselves as record reads it.
-func newLsLock(ctx context.Context, cli *clientv3.Client, name string, holders []etcdlock.QueueKey, waiters int, record recordReader) lsLockJSON {
-	j := lsLockJSON{Name: name, Holders: []lsHolderJSON{}, Waiters: waiters}
+func newLsLock(ctx context.Context, cli *clientv3.Client, name string, holders []etcdlock.QueueKey, waiters int, waitsFor string, record recordReader) lsLockJSON {
+	j := lsLockJSON{Name: name, Holders: []lsHolderJSON{}, Waiters: waiters, WaitsFor: waitsFor}
 	for _, h := range holders {
 		hj := lsHolderJSON{Key: h.Key, Lease: fmt.Sprintf("%x", int64(h.Lease)), Token: h.Token, Mode: h.Mode.String(), Identity: identityJSON(h.Identity)}
 		if rec, ok := record(ctx, cli, name, h); ok {
 			hj.Host, hj.PID, hj.Command, hj.QueuedAt, hj.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
-		} else if len(h.Value) > 0 && h.Identity == "" && h.Mode.Exclusive() {
+		} else if len(h.Value) > 0 && h.Identity == "" && h.Mode.Exclusive() && !h.InSet {
 			v := string(h.Value)
 			hj.Value = &v
 		}
@@ -181,8 +184,13 @@ func printLs(w io.Writer, ls *lsJSON, now time.Time) {
 	fmt.Fprintln(tw, "NAME\tHOLDER\tHELD FOR\tWAITERS")
 	for _, lk := range ls.Locks {
 		if len(lk.Holders) == 0 {
-			// Keys, but none holds: a lock delay keeps the lock free.
-			fmt.Fprintf(tw, "%s\tnobody (a lock delay)\t-\t%d\n", lk.Name, lk.Waiters)
+			// Keys, but none holds: the first in line is a set that
+			// waits for another name, or a lock delay keeps it free.
+			why := "a lock delay"
+			if lk.WaitsFor != "" {
+				why = "a MultiMutex waits for " + strconv.Quote(lk.WaitsFor)
+			}
+			fmt.Fprintf(tw, "%s\tnobody (%s)\t-\t%d\n", lk.Name, why, lk.Waiters)
 			continue
 		}
 		h := lk.Holders[0]
@@ -296,7 +304,10 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 			return
 		}
 		state := "free"
-		if len(lk.Holders) == 0 && lk.Waiters > 0 {
+		switch {
+		case len(lk.Holders) == 0 && lk.WaitsFor != "":
+			state = fmt.Sprintf("held by nobody, %d waiting: first in line is a MultiMutex that still waits for %q", lk.Waiters, lk.WaitsFor)
+		case len(lk.Holders) == 0 && lk.Waiters > 0:
 			state = fmt.Sprintf("held by nobody, %d waiting for a lock delay", lk.Waiters)
 		}
 		if len(lk.Holders) > 0 {
@@ -377,7 +388,11 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 					cancel()
 					return readErr(err)
 				}
-				lk := newLsLock(rctx, cli, name, q.Holders(), len(q.Waiters()), records.read)
+				waitsFor := ""
+				if w := q.Waiters(); len(q.Holders()) == 0 && len(w) > 0 {
+					waitsFor = w[0].WaitsFor
+				}
+				lk := newLsLock(rctx, cli, name, q.Holders(), len(q.Waiters()), waitsFor, records.read)
 				cancel()
 				line(rev, lk, changes[name])
 			}

@@ -173,6 +173,9 @@ type waiterJSON struct {
 	Lease    string `json:"lease"`
 	Token    int64  `json:"token"` // create revision: the token if it gets the lock
 	modeJSON
+	// WaitsFor is, for a MultiMutex's key first in line (etcdlock run
+	// --also), the other name its set still waits for.
+	WaitsFor string `json:"waits_for,omitempty"`
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
@@ -229,7 +232,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 	name := q.Name
 	st := &statusJSON{Name: name, Revision: q.Revision, Holders: []*holderJSON{}, Waiters: []waiterJSON{}}
 	for i, k := range q.Waiters() {
-		st.Waiters = append(st.Waiters, waiterJSON{Position: i + 1, Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode)})
+		st.Waiters = append(st.Waiters, waiterJSON{Position: i + 1, Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), WaitsFor: k.WaitsFor})
 	}
 	for _, k := range q.Holders() {
 		h := &holderJSON{Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), ReleaseRequested: k.ReleaseRequested}
@@ -245,7 +248,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 		}
 		if rec, ok := record(ctx, cli, name, k); ok {
 			h.Host, h.PID, h.Command, h.QueuedAt, h.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
-		} else if len(k.Value) > 0 && k.Identity == "" && k.Mode.Exclusive() {
+		} else if len(k.Value) > 0 && k.Identity == "" && k.Mode.Exclusive() && !k.InSet {
 			v := string(k.Value)
 			h.Value = &v
 		}
@@ -289,10 +292,12 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 		fmt.Fprintf(w, "lock %q is free (etcd revision %d)\n", st.Name, st.Revision)
 		return
 	}
-	switch len(st.Holders) {
-	case 0:
+	switch {
+	case len(st.Holders) == 0 && st.Waiters[0].WaitsFor != "":
+		fmt.Fprintf(w, "lock %q is held by nobody, %d waiting: first in line is a MultiMutex that still waits for %q (etcd revision %d)\n", st.Name, len(st.Waiters), st.Waiters[0].WaitsFor, st.Revision)
+	case len(st.Holders) == 0:
 		fmt.Fprintf(w, "lock %q is held by nobody, %d waiting for a lock delay (etcd revision %d)\n", st.Name, len(st.Waiters), st.Revision)
-	case 1:
+	case len(st.Holders) == 1:
 		fmt.Fprintf(w, "lock %q is held, %d waiting (etcd revision %d)\n", st.Name, len(st.Waiters), st.Revision)
 	default:
 		fmt.Fprintf(w, "lock %q is held by %d, %d waiting (etcd revision %d)\n", st.Name, len(st.Holders), len(st.Waiters), st.Revision)
