@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -580,24 +581,62 @@ type LockList struct {
 // prefix), at the same revision, so that a waiter a pending delay keeps
 // out counts as waiting. It returns etcd's error if a read fails.
 func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockList, error) {
+	byName, rev, err := readKeysUnder(ctx, cli, prefix)
+	if err != nil {
+		return nil, err
+	}
+	l := &LockList{Revision: rev}
+	// The delay records of every lock listed, at the same revision: who
+	// holds is settled as InspectLock settles it.
+	recs, err := readRecords(ctx, cli, LockDelayPrefix+prefix, rev, inspectOptions{})
+	if err != nil {
+		return nil, err
+	}
+	recsOf := map[string][]*mvccpb.KeyValue{}
+	for _, kv := range recs {
+		if name, ok := LockOfKey(strings.TrimPrefix(string(kv.Key), LockDelayPrefix)); ok {
+			recsOf[name] = append(recsOf[name], kv)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
+		keys := byName[name]
+		slices.SortFunc(keys, func(a, b QueueKey) int { return cmp.Compare(a.Token, b.Token) })
+		for i := range keys {
+			keys[i].LeaseErr = errLeasesNotRead
+		}
+		q := &LockQueue{Name: name, Revision: rev, Keys: keys}
+		settle(q, recsOf[name])
+		if err := settleSet(ctx, cli, q, inspectOptions{}); err != nil {
+			return nil, err
+		}
+		n := q.holders
+		l.Locks = append(l.Locks, LockSummary{Name: name, Holders: keys[:n:n], Waiters: len(keys) - n, WaitsFor: keys[0].WaitsFor})
+	}
+	return l, nil
+}
+
+// readKeysUnder reads every lock key under prefix, a page at a time, every
+// page at the revision of the first, which it returns, and gives them by
+// lock name (LockOfKey), in the order read.
+func readKeysUnder(ctx context.Context, cli *clientv3.Client, prefix string) (map[string][]QueueKey, int64, error) {
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	byName := map[string][]QueueKey{}
-	l := &LockList{}
+	rev := int64(0)
 	from := prefix
 	if from == "" {
 		from = "\x00" // etcd has no empty key; every key is above this one
 	}
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(inspectPage)}
-		if l.Revision > 0 {
-			opts = append(opts, clientv3.WithRev(l.Revision))
+		if rev > 0 {
+			opts = append(opts, clientv3.WithRev(rev))
 		}
 		resp, err := cli.Get(ctx, from, opts...)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		if l.Revision == 0 {
-			l.Revision = resp.Header.Revision // as in InspectLock
+		if rev == 0 {
+			rev = resp.Header.Revision // as in InspectLock
 		}
 		for _, kv := range resp.Kvs {
 			key := string(kv.Key)
@@ -608,41 +647,9 @@ func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockL
 			byName[name] = append(byName[name], queueKey(key, clientv3.LeaseID(kv.Lease), kv.CreateRevision, kv.Value))
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
-			break
+			return byName, rev, nil
 		}
 		// The next key after the last one read.
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	// The delay records of every lock listed, at the same revision: who
-	// holds is settled as InspectLock settles it.
-	recs, err := readRecords(ctx, cli, LockDelayPrefix+prefix, l.Revision, inspectOptions{})
-	if err != nil {
-		return nil, err
-	}
-	recsOf := map[string][]*mvccpb.KeyValue{}
-	for _, kv := range recs {
-		if name, ok := LockOfKey(strings.TrimPrefix(string(kv.Key), LockDelayPrefix)); ok {
-			recsOf[name] = append(recsOf[name], kv)
-		}
-	}
-	names := make([]string, 0, len(byName))
-	for name := range byName {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		keys := byName[name]
-		slices.SortFunc(keys, func(a, b QueueKey) int { return cmp.Compare(a.Token, b.Token) })
-		for i := range keys {
-			keys[i].LeaseErr = errLeasesNotRead
-		}
-		q := &LockQueue{Name: name, Revision: l.Revision, Keys: keys}
-		settle(q, recsOf[name])
-		if err := settleSet(ctx, cli, q, inspectOptions{}); err != nil {
-			return nil, err
-		}
-		n := q.holders
-		l.Locks = append(l.Locks, LockSummary{Name: name, Holders: keys[:n:n], Waiters: len(keys) - n, WaitsFor: keys[0].WaitsFor})
-	}
-	return l, nil
 }

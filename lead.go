@@ -276,6 +276,32 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 	if hdr := e.Header(); hdr != nil {
 		won.Revision = hdr.Revision
 	}
+	fnErr, lost := runTerm(ctx, won, name, fn, o)
+
+	// Resign, also after a loss (it then only forgets the leadership).
+	// It is bounded, as release.go's unlock attempts are, and by the session:
+	// once the session has ended, the key goes with the lease.
+	rctx, cancelResign := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	bctx, unbind := s.bound(rctx)
+	rerr := e.Resign(bctx)
+	unbind()
+	cancelResign()
+	endSession(s, rerr)
+	switch {
+	case ctx.Err() != nil:
+		return false, context.Cause(ctx)
+	case lost != nil:
+		return true, lost
+	}
+	return false, fnErr
+}
+
+// runTerm runs fn for the term won, with a ctx that carries it and that
+// ends, with its cause, when the leadership is lost or, with
+// YieldOnRequest, asked to end. It returns fn's error, and the cause that
+// ended fn's ctx before fn returned (nil: fn returned on its own).
+func runTerm(ctx context.Context, won Term, name string, fn func(ctx context.Context) error, o *leadOptions) (fnErr, lost error) {
+	e := won.e
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, termKey{}, won))
 	var asked <-chan struct{} // nil: never
 	if o.yield {
@@ -311,10 +337,10 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 		case <-finished:
 		}
 	}()
-	fnErr := fn(fctx)
+	fnErr = fn(fctx)
 	mu.Lock()
 	returned = true
-	lost := context.Cause(fctx)
+	lost = context.Cause(fctx)
 	mu.Unlock()
 	if o.testHookReturned != nil {
 		o.testHookReturned(fctx, e)
@@ -322,23 +348,7 @@ func term(ctx context.Context, cli *clientv3.Client, name, value string, fn func
 	close(finished)
 	<-watcherDone
 	cancel(nil)
-
-	// Resign, also after a loss (it then only forgets the leadership).
-	// It is bounded, as release.go's unlock attempts are, and by the session:
-	// once the session has ended, the key goes with the lease.
-	rctx, cancelResign := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	bctx, unbind := s.bound(rctx)
-	rerr := e.Resign(bctx)
-	unbind()
-	cancelResign()
-	endSession(s, rerr)
-	switch {
-	case ctx.Err() != nil:
-		return false, context.Cause(ctx)
-	case lost != nil:
-		return true, lost
-	}
-	return false, fnErr
+	return fnErr, lost
 }
 
 // endSession ends a term's session s once its election was resigned with
