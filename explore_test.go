@@ -1167,6 +1167,7 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 		x.mu.Lock()
 		x.requests++
 		x.mu.Unlock()
+		since := x.revision()
 		err = etcdlock.RequestRelease(ctx, x.admin, name)
 		x.mu.Lock()
 		x.requestsDone++
@@ -1175,6 +1176,7 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 		if err != nil {
 			return
 		}
+		x.checkRequested(ctx, name, since)
 		after, err := x.currentHolds(ctx, name)
 		if err != nil {
 			x.logf("    (read: %v)", err)
@@ -1210,6 +1212,75 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 		err := x.c.RestartMember(lead)
 		x.logf("    stopped and restarted m%d: %v", lead, err)
 	}
+}
+
+// checkRequested checks the requests that a RequestRelease on name,
+// begun after revision since, recorded: each is addressed to a hold that
+// held at the revision it was recorded at, in etcd's queue, less what a
+// pending lock delay keeps out and what a set still waits for elsewhere.
+// A request for a key that only waits (a waiter a delay keeps out, a set
+// first in line that waits for another name) reaches the hold it becomes
+// later, which the docs promise never happens.
+func (x *schedule) checkRequested(ctx context.Context, name string, since int64) {
+	resp, err := x.admin.Get(ctx, etcdlock.ReleaseRequestPrefix+name+"/", clientv3.WithPrefix())
+	if err != nil {
+		x.logf("    (requests not read: %v)", err)
+		return
+	}
+	for _, kv := range resp.Kvs {
+		key := strings.TrimPrefix(string(kv.Key), etcdlock.ReleaseRequestPrefix)
+		if l, ok := etcdlock.LockOfKey(key); !ok || l != name || kv.ModRevision <= since {
+			continue // another lock's, or an earlier request's
+		}
+		token, _ := strconv.ParseInt(string(kv.Value), 10, 64)
+		if why := x.heldAt(ctx, key, token, kv.ModRevision); why != "" {
+			x.violation("a release request for %s (token %d) was recorded at rev %d, when it did not hold: %s", key, token, kv.ModRevision, why)
+		}
+	}
+}
+
+// heldAt says why key, with create revision token, did not hold at rev
+// ("" when it held, or when etcd has compacted rev away): every key of
+// its hold (the keys of the schedule's names with its lease and token)
+// must be one etcd's queue admits, and no pending lock delay of an older
+// hold may keep it out.
+func (x *schedule) heldAt(ctx context.Context, key string, token, rev int64) string {
+	lease := key[strings.LastIndexByte(key, '/')+1:]
+	get := clientv3.OpGet(x.name+"/", clientv3.WithPrefix(), clientv3.WithRev(rev), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	resp, err := x.admin.Txn(ctx).Then(get).Commit()
+	if err != nil {
+		return "" // compacted, say: nothing to check against
+	}
+	for _, n := range x.names {
+		var children []string
+		var modes []etcdlock.KeyMode
+		var mine string
+		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+			if l, ok := etcdlock.LockOfKey(string(kv.Key)); ok && l == n {
+				children = append(children, string(kv.Key))
+				modes = append(modes, etcdlock.ParseKeyMode(kv.Value))
+				if string(kv.Key) == n+"/"+lease && kv.CreateRevision == token {
+					mine = string(kv.Key)
+				}
+			}
+		}
+		if mine != "" && !slices.Contains(children[:etcdlock.Holders(modes)], mine) {
+			return fmt.Sprintf("%s waits in %s's queue %v", mine, n, children)
+		}
+	}
+	if !x.k.delay {
+		return ""
+	}
+	pending, err := x.pendingAt(ctx, rev)
+	if err != nil {
+		return ""
+	}
+	for _, r := range pending {
+		if r.token < token {
+			return fmt.Sprintf("the lock delay of %s (token %d) was pending", r.key, r.token)
+		}
+	}
+	return ""
 }
 
 // endHold ends a hold without Unlock: a believer's, chosen by d, or the
