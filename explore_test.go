@@ -1156,41 +1156,7 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 	case injEnd:
 		x.endHold(ctx, target, d)
 	case injRequest:
-		// The holds current before and after the request were current
-		// when it was recorded: each must be told.
-		name := x.names[d.pick2%len(x.names)]
-		before, err := x.currentHolds(ctx, name)
-		if err != nil {
-			x.logf("    (read: %v)", err)
-			return
-		}
-		x.mu.Lock()
-		x.requests++
-		x.mu.Unlock()
-		since := x.revision()
-		err = etcdlock.RequestRelease(ctx, x.admin, name)
-		x.mu.Lock()
-		x.requestsDone++
-		x.mu.Unlock()
-		x.logf("    RequestRelease(%s): %v", name[strings.LastIndexByte(name, '/')+1:], err)
-		if err != nil {
-			return
-		}
-		x.checkRequested(ctx, name, since)
-		after, err := x.currentHolds(ctx, name)
-		if err != nil {
-			x.logf("    (read: %v)", err)
-			return
-		}
-		x.mu.Lock()
-		for b := range before {
-			if after[b] {
-				if _, ok := x.asks[b]; !ok {
-					x.asks[b] = time.Now()
-				}
-			}
-		}
-		x.mu.Unlock()
+		x.request(ctx, x.names[d.pick2%len(x.names)])
 	case injCompact:
 		rev := x.revision()
 		_, err := x.admin.Compact(ctx, rev)
@@ -1212,6 +1178,45 @@ func (x *schedule) inject(kind int, target *actor, d draws) {
 		err := x.c.RestartMember(lead)
 		x.logf("    stopped and restarted m%d: %v", lead, err)
 	}
+}
+
+// request makes a release request on name (RequestRelease), and notes
+// what it must reach: the holds current before and after it were current
+// when it was recorded, and each must be told (checkAsks); what it
+// recorded must be for holds that held then (checkRequested).
+func (x *schedule) request(ctx context.Context, name string) {
+	before, err := x.currentHolds(ctx, name)
+	if err != nil {
+		x.logf("    (read: %v)", err)
+		return
+	}
+	x.mu.Lock()
+	x.requests++
+	x.mu.Unlock()
+	since := x.revision()
+	err = etcdlock.RequestRelease(ctx, x.admin, name)
+	x.mu.Lock()
+	x.requestsDone++
+	x.mu.Unlock()
+	x.logf("    RequestRelease(%s): %v", name[strings.LastIndexByte(name, '/')+1:], err)
+	if err != nil {
+		return
+	}
+	x.checkRequested(ctx, name, since)
+	after, err := x.currentHolds(ctx, name)
+	if err != nil {
+		x.logf("    (read: %v)", err)
+		return
+	}
+	x.mu.Lock()
+	for b := range before {
+		if after[b] {
+			if _, ok := x.asks[b]; !ok {
+				x.asks[b] = time.Now()
+			}
+		}
+	}
+	x.mu.Unlock()
 }
 
 // checkRequested checks the requests that a RequestRelease on name,
@@ -1325,6 +1330,11 @@ func (x *schedule) endHold(ctx context.Context, target *actor, d draws) {
 		return
 	}
 	x.end(ctx, key, holder, d)
+	if d.kind%2 == 0 {
+		// A release request while the delay is pending: the waiter it
+		// keeps out holds nothing, and must not be asked.
+		x.request(ctx, x.name)
+	}
 }
 
 // end ends the hold of key: it deletes the key, or, chosen by d, revokes
