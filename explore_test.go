@@ -1330,10 +1330,25 @@ func (x *schedule) endHold(ctx context.Context, target *actor, d draws) {
 		return
 	}
 	x.end(ctx, key, holder, d)
-	if d.kind%2 == 0 {
-		// A release request while the delay is pending: the waiter it
-		// keeps out holds nothing, and must not be asked.
-		x.request(ctx, x.name)
+	// A release request while the delay is pending, once a key waits
+	// (one may have waited, or joins in a moment): the waiter the delay
+	// keeps out holds nothing, and must not be asked.
+	x.awaitWaiter(ctx, 500*time.Millisecond)
+	x.request(ctx, x.name)
+}
+
+// awaitWaiter waits, for at most d, until a key is in the lock's queue.
+func (x *schedule) awaitWaiter(ctx context.Context, d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		resp, err := x.admin.Get(ctx, x.name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return
+		}
+		for _, kv := range resp.Kvs {
+			if name, ok := etcdlock.LockOfKey(string(kv.Key)); ok && name == x.name {
+				return
+			}
+		}
 	}
 }
 
