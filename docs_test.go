@@ -37,6 +37,14 @@ func docPages(t *testing.T) []string {
 	return append([]string{"README.md"}, pages...)
 }
 
+// TestDocsReadmeIsAFrontPage: the README stays a front page, at most 300
+// lines; depth lives in docs/.
+func TestDocsReadmeIsAFrontPage(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	require.LessOrEqual(t, strings.Count(string(b), "\n"), 300, "README.md: move depth into docs/")
+}
+
 // A codeBlock is one fenced block of a Markdown page.
 type codeBlock struct {
 	page string
