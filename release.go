@@ -21,19 +21,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 	h := q.h
 	switch {
 	case h == nil:
-		// A retry after an Unlock that left the release to the
-		// background: wait for it, or say how it ended, once.
-		if l := q.last; l != nil && l.owed {
-			if !l.ended() {
-				q.mu.Unlock()
-				return q.awaitRelease(ctx, l, op)
-			}
-			l.owed = false
-			q.mu.Unlock()
-			return q.relOf(l, op)
-		}
-		q.mu.Unlock()
-		return ErrLockReleased
+		return q.unlockNone(ctx, op) // unlocks q.mu
 	case h.state == holdUnlocking || h.state == holdDowngrading:
 		q.mu.Unlock()
 		return ErrLockReleased // another call is under way
@@ -84,6 +72,26 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 	h.beginUnlock()
 	q.mu.Unlock()
 	return q.release(ctx, h, op)
+}
+
+// unlockNone is unlock when nothing is held, called with q.mu held,
+// which it unlocks: a retry after an Unlock that left the release to the
+// background waits for it, or says how it ended, once; otherwise
+// ErrLockReleased.
+func (q *queue) unlockNone(ctx context.Context, op string) error {
+	l := q.last
+	if l == nil || !l.owed {
+		q.mu.Unlock()
+		return ErrLockReleased
+	}
+	if !l.ended() {
+		q.mu.Unlock()
+		return q.awaitRelease(ctx, l, op)
+	}
+	l.owed = false
+	err := q.relOf(l, op)
+	q.mu.Unlock()
+	return err
 }
 
 // release sends h's release, riding out errors that pass (a leader

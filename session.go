@@ -516,16 +516,7 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 		expire.Reset(time.Until(giveUp))
 		select {
 		case <-ctx.Done():
-			if s.shuttingDown() {
-				return // shutdown sets the reason
-			}
-			if errors.Is(context.Cause(ctx), errClientClosed) {
-				// The lease lives on until its TTL runs out: there is
-				// no client left to revoke it with.
-				s.end(SessionClientClosed, errorf("%w: %w", ErrSessionExpired, errClientClosed))
-				return
-			}
-			s.end(SessionContextEnded, errorf("%w: its context ended: %w", ErrSessionClosed, ctx.Err()))
+			s.loopEnded(ctx)
 			return
 		case <-expire.C:
 			s.end(SessionNotRenewed, errorf("%w: lease %x not renewed within its TTL", ErrSessionExpired, s.id))
@@ -540,29 +531,8 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 			began = time.Now()
 		}
 		sent, ttl, err := s.keeper.renew(ctx, s.id, patience, giveUp, expire.C)
-		gone := false
-		switch {
-		case err == nil && ttl > 0:
-			s.mu.Lock()
-			if d := sent.Add(time.Duration(ttl) * time.Second); d.After(s.deadline) {
-				s.deadline = d
-			}
-			s.mu.Unlock()
-			next.Reset(max(0, interval-time.Since(sent)))
-		case err == nil: // etcd answers TTL 0 or less for a lease it does not have
-			err, gone = s.goneErr(), true
-		case errors.Is(err, errStreamBroken):
-			// The request proves nothing and its stream is gone (it
-			// broke, or was given up as stuck): ask again at once. The
-			// new request waits for the keeper's next stream, and the
-			// keeper paces its streams with its backoff; waiting here
-			// too would only spend the lease's life (see stuckAfter).
-			next.Reset(0)
-		default:
-			// etcd unreachable or busy: try again soon, until the
-			// deadline.
-			next.Reset(retry)
-		}
+		wait, gone, err := s.renewed(sent, ttl, err, interval, retry)
+		next.Reset(wait)
 		// A failure because the loop was stopped is no failure to renew.
 		if s.ev != nil && (err == nil || ctx.Err() == nil) {
 			s.reportRenewal(began, sent, ttl, err)
@@ -572,6 +542,47 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 			return
 		}
 	}
+}
+
+// loopEnded records why the keepalive loop's ctx ended, unless the
+// session is shutting down (Close or Orphan: shutdown sets the reason).
+func (s *Session) loopEnded(ctx context.Context) {
+	switch {
+	case s.shuttingDown():
+	case errors.Is(context.Cause(ctx), errClientClosed):
+		// The lease lives on until its TTL runs out: there is no client
+		// left to revoke it with.
+		s.end(SessionClientClosed, errorf("%w: %w", ErrSessionExpired, errClientClosed))
+	default:
+		s.end(SessionContextEnded, errorf("%w: its context ended: %w", ErrSessionClosed, ctx.Err()))
+	}
+}
+
+// renewed takes in the outcome of a renewal sent at sent (ttl granted, or
+// err): a confirmed renewal moves the deadline. It returns how long to
+// wait before the next, whether etcd said the lease is gone, and the
+// error to report (the lease's end, when gone).
+func (s *Session) renewed(sent time.Time, ttl int64, err error, interval, retry time.Duration) (time.Duration, bool, error) {
+	switch {
+	case err == nil && ttl > 0:
+		s.mu.Lock()
+		if d := sent.Add(time.Duration(ttl) * time.Second); d.After(s.deadline) {
+			s.deadline = d
+		}
+		s.mu.Unlock()
+		return max(0, interval-time.Since(sent)), false, nil
+	case err == nil: // etcd answers TTL 0 or less for a lease it does not have
+		return 0, true, s.goneErr()
+	case errors.Is(err, errStreamBroken):
+		// The request proves nothing and its stream is gone (it broke,
+		// or was given up as stuck): ask again at once. The new request
+		// waits for the keeper's next stream, and the keeper paces its
+		// streams with its backoff; waiting here too would only spend
+		// the lease's life (see stuckAfter).
+		return 0, false, err
+	}
+	// etcd unreachable or busy: try again soon, until the deadline.
+	return retry, false, err
 }
 
 // reportRenewal tells the hooks and logger of a renewal attempt that began

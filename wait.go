@@ -141,14 +141,7 @@ func (w *waiter) watchTurn(ctx context.Context) (*pb.ResponseHeader, error) {
 	w.own, w.ww = q.s.watcher.watchOwn(q, w.me.rev, w.me.mode.Shared)
 	w.others = q.s.watcher.watchSet(q, w.ww, w.me.rev)
 	w.watches, w.watchedFrom = nil, 0
-	defer func() {
-		q.s.watcher.stopBlockers(w.watches)
-		q.s.watcher.stop(ctx, w.own)
-		for _, kw := range w.others {
-			q.s.watcher.stop(ctx, kw)
-		}
-		w.own, w.ww, w.watches, w.others = nil, nil, nil, nil
-	}()
+	defer w.unwatch(ctx)
 	for {
 		// A pending lock delay that no waiter has started yet is
 		// started by the first that finds it (delay.go).
@@ -192,6 +185,18 @@ func (w *waiter) watchTurn(ctx context.Context) (*pb.ResponseHeader, error) {
 		}
 		w.read, w.watchedFrom = next, 0
 	}
+}
+
+// unwatch stops every watch of the waiter: its blockers', its own key's
+// and those of its set's other keys.
+func (w *waiter) unwatch(ctx context.Context) {
+	lw := w.q.s.watcher
+	lw.stopBlockers(w.watches)
+	lw.stop(ctx, w.own)
+	for _, kw := range w.others {
+		lw.stop(ctx, kw)
+	}
+	w.own, w.ww, w.watches, w.others = nil, nil, nil, nil
 }
 
 // rewatch makes w.watches watch exactly keys (of w.read's blockers): it

@@ -130,30 +130,8 @@ func (ws *watchStream) receive(resp *pb.WatchResponse) bool {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	if resp.Created {
-		// etcd answers a stream's create requests in order.
-		if len(ws.creating) == 0 {
-			return false
-		}
-		kw := ws.creating[0]
-		ws.creating[0] = nil
-		ws.creating = ws.creating[1:]
-		switch {
-		case resp.Canceled:
-			if kw.state == watchCreating {
-				kw.w.refused(kw)
-			}
-			return true
-		case kw.state != watchCreating:
-			// Stopped meanwhile.
-			ws.cancels = append(ws.cancels, resp.WatchId)
-			ws.r.signal()
-			return true
-		}
-		kw.state, kw.id, kw.refusals = watchActive, resp.WatchId, 0
-		ws.ids[kw.id] = kw
-		if kw.b != nil {
-			kw.b.created = resp.Header.Revision
-			kw.ww.signal()
+		if ok, done := ws.created(resp); done {
+			return ok
 		}
 	}
 	kw := ws.ids[resp.WatchId]
@@ -188,6 +166,39 @@ func (ws *watchStream) receive(resp *pb.WatchResponse) bool {
 		kw.w.gone(kw)
 	}
 	return true
+}
+
+// created takes in the answer to a create request, with ws.mu held:
+// etcd answers a stream's create requests in order. It reports whether
+// the answer is done with (done), and then what receive returns (ok): a
+// create refused, or made for a watch stopped meanwhile (which it
+// cancels). Otherwise the watch is active, and its events follow.
+func (ws *watchStream) created(resp *pb.WatchResponse) (ok, done bool) {
+	if len(ws.creating) == 0 {
+		return false, true
+	}
+	kw := ws.creating[0]
+	ws.creating[0] = nil
+	ws.creating = ws.creating[1:]
+	switch {
+	case resp.Canceled:
+		if kw.state == watchCreating {
+			kw.w.refused(kw)
+		}
+		return true, true
+	case kw.state != watchCreating:
+		// Stopped meanwhile.
+		ws.cancels = append(ws.cancels, resp.WatchId)
+		ws.r.signal()
+		return true, true
+	}
+	kw.state, kw.id, kw.refusals = watchActive, resp.WatchId, 0
+	ws.ids[kw.id] = kw
+	if kw.b != nil {
+		kw.b.created = resp.Header.Revision
+		kw.ww.signal()
+	}
+	return false, false
 }
 
 // next returns the next request to send, with ws.mu held: a cancel first,
