@@ -14,6 +14,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// Elections: a Mutex whose holder publishes a value (Campaign, Proclaim,
+// Resign, Observe), and the calls that follow an election without a
+// Session (CurrentLeader, ObserveLeader). Its queue is the Mutex's.
+
 // Leader is one observation of an election: who leads it at a revision.
 type Leader struct {
 	Key      string           // the leader's key, name/<lease ID in hex>; "" when there is no leader

@@ -6,6 +6,9 @@ import (
 	"strings"
 )
 
+// The sentinel errors of every call, in one block, and the helpers that
+// wrap them.
+
 // ErrSessionClosed is Session.Err, and the error of calls on the session,
 // after the program ended it: Close, Orphan, or the end of its WithContext
 // context. It also matches ErrSessionExpired, which every call on an ended

@@ -10,6 +10,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// Hooks: the events of a Session's locks, lease and streams, for metrics
+// and logs, and how the library calls them.
+
 // Hooks are functions a Session calls on the events of its locks, its lease
 // and its own end, for metrics and tracing (see WithHooks; the Prometheus
 // adapter, module github.com/etcdlock/etcdlock/etcdlockprom, is built on

@@ -17,6 +17,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// Reading a lock as a tool does: InspectLock and ListLocks, and the one
+// reading of a queue that they and RequestRelease share (readLock): who
+// holds, who waits, what is pending, and which keys are the library's own.
+
 // inspectPage is how many keys one range of InspectLock or ListLocks
 // reads; a variable so that tests can make queues span several pages.
 var inspectPage int64 = 512

@@ -6,6 +6,9 @@ import (
 	"strings"
 )
 
+// Key modes and grant rules: what a key of a queue asks for, read from its
+// value, and, for each mode, which keys ahead keep it out.
+
 // A KeyMode is what one key of a lock's queue asks for, as etcdlock reads
 // it from the key's value with ParseKeyMode.
 type KeyMode struct {

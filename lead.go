@@ -11,6 +11,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// Lead, the loop of a primary/standby service: campaign with a session of
+// its own, run fn while leader, resign, and campaign again.
+
 // A LeadOption configures Lead. An invalid value makes Lead return an
 // error wrapping ErrInvalidOption.
 type LeadOption func(*leadOptions) error

@@ -9,6 +9,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// MultiMutex, one hold over several names. Its parts are queues of the one
+// engine; what is a set's own is here: placing every key in one Txn, its
+// Try, the reads and deletes of every key, and the loss watches of its
+// other keys.
+
 // MaxMultiNames is the most names a MultiMutex takes. Its key under every
 // name is put in one Txn, which also reads each name's queue: two
 // operations per name, and etcd refuses a Txn of more than --max-txn-ops

@@ -9,6 +9,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// The options of a Session and of every lock, with their defaults in one
+// place and invalid values returned as errors.
+
 // DefaultTTL is the lease TTL of a Session made without WithTTL.
 const DefaultTTL = 15 * time.Second
 

@@ -9,6 +9,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// The queue engine's entry: a lock's name is checked and its hold taken
+// here (lock, take); the parts take calls, in the order a Lock meets them,
+// are listed on the queue type.
+
 // MaxNameLen is the longest lock name accepted. A name appears several times
 // in one request; this keeps requests far below etcd's default 1.5 MiB limit.
 const MaxNameLen = 32 << 10

@@ -10,6 +10,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// Reading the queue ahead of a key: the direct children of its prefix,
+// newest first, a page at a time and every page at one revision, judged
+// by the key's grant rule (scan).
+
 const (
 	// queueScan is how many keys one keys-only range reads when an
 	// exclusive waiter (a Mutex, an RWMutex writer) looks for the key just

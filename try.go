@@ -10,6 +10,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// The Try forms: a read-only Txn that answers "held" with no write, or a
+// put guarded so that it takes the hold only as that read found it.
+
 // tryAcquire takes a hold in mode only if it is admitted at once, and
 // writes nothing otherwise. It is admitted if its rule admits it behind
 // every key of the queue (a rule that admits me behind everyone admits me

@@ -12,6 +12,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// Waiting for the turn: a waiter watches exactly its blockers and its own
+// key, and reads the queue again when one of them goes.
+
 // maxWatched is the most blockers a waiter watches one by one; with
 // more it watches the whole prefix for deletions.
 const maxWatched = 64
