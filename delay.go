@@ -38,7 +38,7 @@ import (
 // ReleaseRequestPrefix it lies outside every lock's queue. A lock with
 // WithLockDelay needs read and write permission on LockDelayPrefix +
 // name + "/" and its range, besides the lock's own.
-const LockDelayPrefix = reservedPrefix + "delay/"
+const LockDelayPrefix = "__etcdlock/delay/"
 
 // MaxLockDelay is the longest delay WithLockDelay accepts.
 const MaxLockDelay = 24 * time.Hour

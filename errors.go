@@ -33,8 +33,11 @@ var (
 	// program asked for also matches ErrSessionClosed.
 	ErrSessionExpired = errors.New("etcdlock: session expired")
 	// ErrLockReleased is returned by Unlock, RUnlock and Release when
-	// nothing is held in that mode.
-	ErrLockReleased = errors.New("etcdlock: lock is not held")
+	// this Mutex (RWMutex, Semaphore, ...) holds nothing in that mode: it
+	// was never locked, or was released already. Others may hold the
+	// lock. Not to be confused with ErrNotHeld, RequestRelease's "nobody
+	// holds the lock".
+	ErrLockReleased = errors.New("etcdlock: nothing to release: this lock value holds nothing in that mode")
 	// ErrLockLost is returned when a hold (or a place in the queue) ended
 	// without Unlock: the key was deleted or its lease ended.
 	ErrLockLost = errors.New("etcdlock: lock was lost")

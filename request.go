@@ -35,12 +35,14 @@ import (
 // For a lock with WithLockDelay it also reads the delay records (read
 // permission on LockDelayPrefix + name + "/" and its range): without it,
 // a waiter a pending delay keeps out counts as a holder.
-const ReleaseRequestPrefix = reservedPrefix + "release/"
+const ReleaseRequestPrefix = "__etcdlock/release/"
 
 // reservedPrefix starts names the library keeps for its own keys.
 const reservedPrefix = "__etcdlock/"
 
-// ErrNotHeld is returned by RequestRelease when nothing holds the lock.
+// ErrNotHeld is returned by RequestRelease when nobody holds the lock:
+// there is no hold to ask. Not to be confused with ErrLockReleased, an
+// Unlock's "this lock value holds nothing".
 var ErrNotHeld = errors.New("etcdlock: lock is not held by anyone")
 
 // ErrReleaseRequested is the context.Cause of fn's ctx when Do (with

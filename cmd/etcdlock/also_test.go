@@ -86,6 +86,10 @@ func TestStatusWaitingSet(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Regexp(t, regexp.QuoteMeta(a)+`\s+nobody \(a MultiMutex waits for `+regexp.QuoteMeta(strconv.Quote(b))+`\)\s+-\s+1\n`, r.stdout)
 	require.NotContains(t, p.stdout.String(), "ran")
+	r = runProc(t, nil, "release", ep(), a)
+	require.Equal(t, exitHeld, r.code, r.stderr)
+	requireOneLineError(t, r, fmt.Sprintf("lock %q is not held by anyone: no holder to ask (first in line is a MultiMutex", a))
+	require.Contains(t, r.stderr, "that still waits for "+b)
 
 	require.NoError(t, m.Unlock(t.Context()))
 	p.stdout.waitFor(t, "ran")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/etcdlock/etcdlock"
 )
@@ -62,7 +63,11 @@ func cmdRelease(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	switch err := etcdlock.RequestRelease(ctx, cli, name); {
 	case errors.Is(err, etcdlock.ErrNotHeld):
-		return failf(exitHeld, "lock %q is not held: nothing to release", name)
+		msg := fmt.Sprintf("lock %q is not held by anyone: no holder to ask", name)
+		if _, why, ok := strings.Cut(detail(err), name+": "); ok {
+			msg += " (" + why + ")" // a set first in line that waits, say
+		}
+		return failf(exitHeld, "%s", msg)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("ask to release lock %q: no answer from etcd within %v (--command-timeout)", name, conn.commandTimeout)
 	case err != nil:
