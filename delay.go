@@ -33,13 +33,6 @@ import (
 // that they agree on a delay: the delay is the one the ended hold asked
 // for.
 
-// LockDelayPrefix starts the key of every lock delay record:
-// LockDelayPrefix + the holder's key (name/<lease ID in hex>). Like
-// ReleaseRequestPrefix it lies outside every lock's queue. A lock with
-// WithLockDelay needs read and write permission on LockDelayPrefix +
-// name + "/" and its range, besides the lock's own.
-const LockDelayPrefix = "__etcdlock/delay/"
-
 // MaxLockDelay is the longest delay WithLockDelay accepts.
 const MaxLockDelay = 24 * time.Hour
 
@@ -89,9 +82,6 @@ func WithLockDelay(d time.Duration) MutexOption {
 		return nil
 	}
 }
-
-// delayKey returns the key of the delay record of the holder's key.
-func delayKey(key string) string { return LockDelayPrefix + key }
 
 // delayPfx returns the prefix of q's delay records.
 func (q *queue) delayPfx() string { return LockDelayPrefix + q.pfx }

@@ -530,22 +530,6 @@ func readLeaseTTLs(ctx context.Context, cli *clientv3.Client, keys []QueueKey) {
 	}
 }
 
-// LockOfKey returns the name of the lock whose queue key is key, as
-// InspectLock and ListLocks count them: key is name/x, with x not empty and
-// without "/" (so a/b/x is a key of the nested lock a/b, not of a). It
-// returns false for a key of no lock: one without "/", or ending in "/",
-// or starting with its only "/", and the library's own keys under
-// "__etcdlock/" (release requests, lock delay records), which no lock
-// has. A program that watches lock keys (as etcdlock ls --watch does)
-// tells with it which lock an event is of.
-func LockOfKey(key string) (name string, ok bool) {
-	i := strings.LastIndexByte(key, '/')
-	if i <= 0 || i == len(key)-1 || checkReserved(key[:i]) != nil {
-		return "", false
-	}
-	return key[:i], true
-}
-
 // A LockSummary is one lock of those ListLocks finds: who holds it and how
 // many wait.
 type LockSummary struct {

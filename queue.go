@@ -13,10 +13,6 @@ import (
 // here (lock, take); the parts take calls, in the order a Lock meets them,
 // are listed on the queue type.
 
-// MaxNameLen is the longest lock name accepted. A name appears several times
-// in one request; this keeps requests far below etcd's default 1.5 MiB limit.
-const MaxNameLen = 32 << 10
-
 // A queue is the mechanism every primitive shares: a key per session under
 // name/, placed in line by its create revision; a grant rule per key mode
 // that says, given the keys ahead, which of them keep a key out (its
@@ -252,23 +248,6 @@ func (q *queue) owner() *queue {
 		return q.set.lead
 	}
 	return q
-}
-
-// checkName returns ErrInvalidName for a name no queue can have: empty,
-// longer than MaxNameLen, or one whose queue prefix (name + "/") lies in
-// the range the library keeps for its own keys (see reservedPrefix):
-// "__etcdlock" and every name under "__etcdlock/". Any other name is taken
-// as etcd's Mutex takes it, "/my-lock/" and "a//b" included: its keys are
-// name + "/" + the lease ID in hex, so that etcd's Mutex, `etcdctl lock`
-// and this package on one name are one queue.
-func checkName(name string) error {
-	switch {
-	case name == "":
-		return errorf("%w: empty name", ErrInvalidName)
-	case len(name) > MaxNameLen:
-		return errorf("%w: name is %d bytes, longer than %d", ErrInvalidName, len(name), MaxNameLen)
-	}
-	return checkReserved(name)
 }
 
 // IsOwner returns a comparison that holds only while the current hold is

@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"slices"
-	"strings"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -177,12 +176,6 @@ func (q *queue) pager(mode KeyMode, rev int64, r *pb.RangeResponse) *pager {
 // prefix. Keys of nested locks (name/sub/<lease>) also fall in the
 // prefix's range but belong to another lock (etcd's Mutex waits on them).
 func (q *queue) isChild(key []byte) bool { return isChild(q.pfx, key) }
-
-// isChild reports whether key is a direct child of pfx (name + "/").
-func isChild(pfx string, key []byte) bool {
-	rest, ok := strings.CutPrefix(string(key), pfx)
-	return ok && rest != "" && !strings.Contains(rest, "/")
-}
 
 // releasersOf returns the keys of those of me's blockers whose deletion alone
 // admits me, given every key ahead of me (newest first).

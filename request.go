@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -20,25 +19,6 @@ import (
 // never queues; naming the token, it reaches only the hold it was made
 // for, never a later hold of the same session on the same key; bound to
 // the lease, it goes with the holder's session.
-
-// ReleaseRequestPrefix starts the key of every release request:
-// ReleaseRequestPrefix + the holder's key (name/<lease ID in hex>). A
-// request key is never a key of a lock's queue: the calls that join a
-// queue refuse names that start with "__etcdlock/" (ErrInvalidName). Only
-// a lock that etcd's Mutex or `etcdctl lock` takes under such a name
-// would count requests as waiters.
-//
-// RequestRelease needs to read the lock's queue (read permission on
-// name + "/" and its range) and to write the request keys (write
-// permission on ReleaseRequestPrefix + name + "/" and its range); a
-// holder that asks ReleaseRequested needs read permission on the latter.
-// For a lock with WithLockDelay it also reads the delay records (read
-// permission on LockDelayPrefix + name + "/" and its range): without it,
-// a waiter a pending delay keeps out counts as a holder.
-const ReleaseRequestPrefix = "__etcdlock/release/"
-
-// reservedPrefix starts names the library keeps for its own keys.
-const reservedPrefix = "__etcdlock/"
 
 // ErrNotHeld is returned by RequestRelease when nobody holds the lock:
 // there is no hold to ask. Not to be confused with ErrLockReleased, an
@@ -166,9 +146,6 @@ func requestOnce(ctx context.Context, cli *clientv3.Client, name string) (bool, 
 	return true, nil
 }
 
-// requestKey returns the key of a request addressed to a hold of key.
-func requestKey(key string) string { return ReleaseRequestPrefix + key }
-
 // A holdRequest is the watch of a hold's request keys that
 // ReleaseRequested started: a goroutine per key, which ends with the
 // hold's finishing (stop) or the session.
@@ -283,15 +260,4 @@ func (s *Session) awaitRequest(ctx context.Context, key string, token int64) boo
 		}
 	}
 	return false
-}
-
-// checkReserved returns ErrInvalidName for a name whose queue prefix
-// (name + "/") lies in the library's own range: "__etcdlock" itself,
-// whose queue would be that whole range (every request and delay record
-// would count as its waiters), and every name under it.
-func checkReserved(name string) error {
-	if strings.HasPrefix(name+"/", reservedPrefix) {
-		return errorf("%w: %q: the names %q and those that start with %q are the library's own", ErrInvalidName, name, strings.TrimSuffix(reservedPrefix, "/"), reservedPrefix)
-	}
-	return nil
 }
