@@ -27,8 +27,8 @@ With --on-release SIGNAL, a request to step down ('etcdlock release NAME')
 is passed on to CMD as SIGNAL: the leadership moves to the next candidate
 when CMD exits. Without it a request is ignored.
 
-Without CMD, as 'etcdctl elect NAME VALUE', it prints its key on standard
-output once it leads, and leads until SIGINT, SIGTERM or SIGHUP; then it
+Without CMD, as 'etcdctl elect NAME VALUE', it prints its key and, on the
+next line, its value on standard output once it leads, and leads until SIGINT, SIGTERM or SIGHUP; then it
 resigns and exits 0, or exits 6 as soon as leadership is lost.
 
 CMD finds in its environment:
@@ -108,6 +108,7 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	durationVar(fset, &grace, "grace", 10*time.Second, "after losing leadership, wait this `duration` between SIGTERM and SIGKILL to CMD")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
 	listen := fset.Bool("listen", false, "do not campaign: print the leader and every change")
+	fset.BoolVar(listen, "l", false, "the same as --listen, as in etcdctl elect -l")
 	asJSON := fset.Bool("json", false, "with --listen, print JSON lines")
 	onRelease := onReleaseFlag(fset)
 

@@ -221,6 +221,11 @@ func TestElectListen(t *testing.T) {
 	name := lockName(t)
 	p := startProc(t, nil, "elect", "--listen", ep(), name)
 	require.Regexp(t, `^no leader \(revision \d+\)$`, waitLines(t, p.stdout, 1)[0])
+	// -l is --listen, as in etcdctl elect -l (issue 31).
+	l := startProc(t, nil, "elect", "-l", ep(), name)
+	require.Regexp(t, `^no leader \(revision \d+\)$`, waitLines(t, l.stdout, 1)[0])
+	require.NoError(t, l.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, l.wait(t), l.stderr.String())
 
 	e1 := campaign(t, cli, name, "one")
 	key1, token1 := e1.Key(), e1.Token()
@@ -326,8 +331,8 @@ func TestElectUsage(t *testing.T) {
 	}
 }
 
-// Without CMD, as 'etcdctl elect NAME VALUE', elect prints its key once
-// it leads and leads until a signal; its key keeps VALUE (nothing is
+// Without CMD, as 'etcdctl elect NAME VALUE', elect prints its key and
+// value once it leads and leads until a signal; its key keeps VALUE (nothing is
 // recorded over it). A lost leadership ends it with the lost code.
 func TestElectWithoutCmd(t *testing.T) {
 	t.Parallel()
@@ -335,6 +340,8 @@ func TestElectWithoutCmd(t *testing.T) {
 	name := lockName(t)
 	p := startProc(t, nil, "elect", ep(), name, "standalone")
 	key := p.stdout.waitFor(t, name+"/")
+	// As etcdctl elect: the key, then the value (issue 31).
+	require.Equal(t, "standalone", p.stdout.waitLine(t, 1))
 	l, err := etcdlock.CurrentLeader(t.Context(), cli, name)
 	require.NoError(t, err)
 	require.Equal(t, key, l.Key)

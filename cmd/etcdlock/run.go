@@ -32,7 +32,7 @@ holder at a time). With --shared it is a read lock of an RWMutex: runs
 with --shared hold together while no exclusive run holds or waits ahead
 of them. With --permits N --of C it is N permits of a Semaphore of C: runs
 hold together while their permits fit C ('consul lock -n C' is --permits 1
---of C). All modes share one queue, first come, first served: an
+--of C, and -n C is taken as that). All modes share one queue, first come, first served: an
 exclusive run excludes every other, and a waiter waits for those ahead of
 it, even where it would fit (no overtaking). 'etcdlock status' and
 'etcdlock ls' show each key's mode.
@@ -112,13 +112,16 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	var ttl, timeout, grace time.Duration
 	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`, rounded up to whole seconds (etcd's unit): if etcdlock dies, the lock passes on at most this long after")
 	durationVar(fset, &timeout, "timeout", 0, "give up waiting after this `duration`, counted from the first join, and exit 5 (0: wait for ever)")
-	try := fset.Bool("try", false, "do not wait: exit 4 if the lock cannot be taken at once (it is held, or has waiters)")
+	var try tryFlag
+	fset.Var(&try, "try", "do not wait: exit 4 if the lock cannot be taken at once (it is held, or has waiters); --try=`DURATION` (consul's -try=5s) waits at most that long instead, as --timeout does")
 	durationVar(fset, &grace, "grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
 	shared := fset.Bool("shared", false, "take a read lock (an RWMutex's): hold together with other --shared runs")
 	var permits, capacity int64
 	fset.Int64Var(&permits, "permits", 0, "take `N` permits of a Semaphore (with --of): hold together while the permits fit its capacity")
 	fset.Int64Var(&capacity, "of", 0, "the Semaphore's capacity `C`, in permits (with --permits)")
+	var consulN int64
+	fset.Int64Var(&consulN, "n", 0, "consul lock's -n: one of `N` holders at once, the same as --permits 1 --of N")
 	onRelease := onReleaseFlag(fset)
 	var lockDelay time.Duration
 	durationVar(fset, &lockDelay, "lock-delay", 0, "if etcdlock dies holding the lock (or loses it), keep the lock free this `duration` after, rounded up to whole seconds, so that CMD's writes in flight land first (0: none)")
@@ -147,14 +150,19 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("run", "--timeout must not be negative")
 	case grace < 0:
 		return usageErr("run", "--grace must not be negative")
-	case *try && timeout > 0:
+	case detachedTry(args) != "":
+		v := detachedTry(args)
+		return usageErr("run", "--try %s: --try takes no value apart from it; write --try=%s to wait at most %s (consul's -try=%s), or --try=true %s to try the lock named %q", v, v, v, v, v, v)
+	case try.wait > 0 && timeout > 0:
+		return usageErr("run", "--try=%v and --timeout exclude each other: both bound the wait", try.wait)
+	case try.on && timeout > 0:
 		return usageErr("run", "--try and --timeout exclude each other")
 	case lockDelay != 0 && (lockDelay < etcdlock.MinTTL || lockDelay > etcdlock.MaxLockDelay):
 		return usageErr("run", "--lock-delay must be between %v and %v, not %v", etcdlock.MinTTL, etcdlock.MaxLockDelay, lockDelay)
 	case lockDelay != 0 && len(also) > 0:
 		return usageErr("run", "--lock-delay does not go with --also: a MultiMutex takes no lock delay")
 	}
-	mode, err := runMode(fset, *shared, permits, capacity)
+	mode, err := runMode(fset, *shared, permits, capacity, consulN)
 	if err != nil {
 		return err
 	}
@@ -168,15 +176,27 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("run", "--on-release passes a request on to CMD: give CMD")
 	}
 	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode, onRelease: *onRelease, lockDelay: lockDelay}
-	return r.main(cmdArgs, *try, timeout, *quiet, grace, stdout)
+	if try.wait > 0 {
+		timeout = try.wait
+	}
+	return r.main(cmdArgs, try.on, timeout, *quiet, grace, stdout)
 }
 
 // runMode returns the mode run's flags ask for: exclusive (the zero
 // KeyMode), shared, or permits; a usage error for a combination that
 // means nothing.
-func runMode(fset *flag.FlagSet, shared bool, permits, capacity int64) (etcdlock.KeyMode, error) {
+func runMode(fset *flag.FlagSet, shared bool, permits, capacity, consulN int64) (etcdlock.KeyMode, error) {
 	given := map[string]bool{}
 	fset.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if given["n"] {
+		switch {
+		case shared || given["permits"] || given["of"]:
+			return etcdlock.KeyMode{}, usageErr("run", "-n N is --permits 1 --of N: give one or the other, not both")
+		case consulN < 1:
+			return etcdlock.KeyMode{}, usageErr("run", "-n must be at least 1, not %d", consulN)
+		}
+		return etcdlock.KeyMode{Weight: 1, Capacity: consulN}, nil
+	}
 	switch {
 	case shared && (given["permits"] || given["of"]):
 		return etcdlock.KeyMode{}, usageErr("run", "--shared and --permits/--of exclude each other")
@@ -803,11 +823,16 @@ func startLocked(c *exec.Cmd) (<-chan error, error) {
 }
 
 // hold keeps the lock until a signal, as 'etcdctl lock NAME' does, after
-// printing its key on stdout. It returns nil once the lock is released, or
+// printing its key on stdout (and, leading an election, its value on the
+// next line, as 'etcdctl elect NAME VALUE' does). It returns nil once the lock is released, or
 // exitLost as soon as it is lost.
 func (r *lockRun) hold(stdout io.Writer) error {
 	lost := r.m.Done()
 	fmt.Fprintln(stdout, r.m.Key())
+	if r.elect != nil {
+		// As 'etcdctl elect NAME VALUE': the key, then the value.
+		fmt.Fprintln(stdout, r.elect.value)
+	}
 
 	select {
 	case <-lost:
@@ -826,6 +851,54 @@ func (r *lockRun) hold(stdout io.Writer) error {
 		fmt.Fprintf(r.stderr, "etcdlock: release %s: %s; revoking the session's lease instead\n", r.held(), detail(err))
 	}
 	return nil
+}
+
+// tryFlag is --try: alone (or --try=true) do not wait; --try=DURATION,
+// consul's -try=5s, wait at most that long (as --timeout does).
+type tryFlag struct {
+	on   bool
+	wait time.Duration
+}
+
+func (f *tryFlag) IsBoolFlag() bool { return true }
+
+func (f *tryFlag) String() string {
+	if f == nil || f.wait == 0 {
+		return strconv.FormatBool(f != nil && f.on)
+	}
+	return f.wait.String()
+}
+
+func (f *tryFlag) Set(s string) error {
+	if b, err := strconv.ParseBool(s); err == nil {
+		f.on, f.wait = b, 0
+		return nil
+	}
+	var d durationFlag
+	if err := d.Set(s); err != nil || d <= 0 {
+		return errors.New("want true, false, or a duration to wait at most, such as 5s (consul's -try=5s)")
+	}
+	f.on, f.wait = false, time.Duration(d)
+	return nil
+}
+
+// detachedTry returns the argument after a bare --try (before any "--")
+// when it reads as a duration with a unit: 'run --try 5s q -- ...' is
+// consul's habit for --try=5s, which the flag package would take as
+// --try and a lock named "5s". A habit must not take the wrong lock
+// silently: the caller refuses it, naming the two fixes.
+func detachedTry(args []string) string {
+	for i, a := range args {
+		if a == "--" {
+			return ""
+		}
+		if (a == "--try" || a == "-try") && i+1 < len(args) {
+			if _, err := time.ParseDuration(args[i+1]); err == nil {
+				return args[i+1]
+			}
+		}
+	}
+	return ""
 }
 
 // reservedName reports a name the library refuses (etcdlock.ErrInvalidName)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -105,6 +106,13 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"run", "--ttl", "500ms", "n", "--", "true"}, "--ttl must be at least 1s"},
 		{nil, []string{"run", "--ttl", "soon", "n", "--", "true"}, `invalid value "soon" for flag -ttl`},
 		{nil, []string{"run", "--try", "--timeout", "1s", "n", "--", "true"}, "--try and --timeout exclude each other"},
+		// consul's -try=5s habit written apart would take a lock named
+		// "5s" and run q: refused, with the fixes (issue 31).
+		{nil, []string{"run", "--try", "5s", "q", "--", "echo", "ran"}, `--try 5s: --try takes no value apart from it; write --try=5s to wait at most 5s (consul's -try=5s), or --try=true 5s to try the lock named "5s"`},
+		{nil, []string{"run", "--try=5s", "--timeout", "1s", "n", "--", "true"}, "--try=5s and --timeout exclude each other"},
+		{nil, []string{"run", "--try=soon", "n", "--", "true"}, "want true, false, or a duration to wait at most"},
+		{nil, []string{"run", "-n", "3", "--permits", "1", "--of", "3", "n", "--", "true"}, "-n N is --permits 1 --of N: give one or the other, not both"},
+		{nil, []string{"run", "-n", "0", "n", "--", "true"}, "-n must be at least 1, not 0"},
 		{nil, []string{"run", "--lock-delay", "500ms", "n", "--", "true"}, "--lock-delay must be between 1s and 24h0m0s"},
 		{nil, []string{"run", "--lock-delay", "25h", "n", "--", "true"}, "--lock-delay must be between"},
 		{nil, []string{"run", "--lock-delay", "2s", "--also", "m", "n", "--", "true"}, "--lock-delay does not go with --also"},
@@ -411,6 +419,36 @@ func TestTimeout(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
 	require.Contains(t, lines[len(lines)-1], "etcdlock: timed out after 1s waiting for lock")
 	require.Equal(t, []string{m.Key()}, queueKeys(t, cli, name), "the timed-out waiter left its key")
+}
+
+// consul's habits: --try=DURATION waits at most that long (as --timeout
+// does), and -n N is one of N holders at once (--permits 1 --of N).
+func TestConsulHabits(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	m, _ := holdLock(t, cli, name)
+	r := runProc(t, nil, "run", "--try=1s", ep(), name, "--", "echo", "ran")
+	require.Equal(t, exitTimeout, r.code, r.stderr)
+	require.Empty(t, r.stdout)
+	require.GreaterOrEqual(t, r.elapsed, time.Second)
+	require.Contains(t, r.stderr, "etcdlock: timed out after 1s waiting for lock")
+	require.NoError(t, m.Unlock(t.Context()))
+	r = runProc(t, nil, "run", "--try=10s", ep(), name, "--", "echo", "ran")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "ran\n", r.stdout)
+
+	sem := name + "/n"
+	p := startProc(t, nil, "run", "-n", "2", ep(), sem, "--", "sh", "-c", "echo in; cat >/dev/null")
+	p.stdout.waitFor(t, "in")
+	r = runProc(t, nil, "run", "--try", "-n", "2", ep(), sem, "--", "echo", "second")
+	require.Equal(t, 0, r.code, "one of 2: a second holds beside the first: %s", r.stderr)
+	require.Equal(t, "second\n", r.stdout)
+	q, err := etcdlock.InspectLock(t.Context(), cli, sem)
+	require.NoError(t, err)
+	require.Equal(t, etcdlock.KeyMode{Weight: 1, Capacity: 2}, q.Holders()[0].Mode)
+	p.stdin.Close()
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
 }
 
 // A lost lock stops CMD and its children with SIGTERM, and etcdlock exits
