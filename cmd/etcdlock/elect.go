@@ -25,7 +25,8 @@ and etcdlock's process ID; it must not start with "etcdlock/1 ".
 
 With --on-release SIGNAL, a request to step down ('etcdlock release NAME')
 is passed on to CMD as SIGNAL: the leadership moves to the next candidate
-when CMD exits. Without it a request is ignored.
+when CMD exits. Without it a request is ignored, and etcdlock says so on
+standard error.
 
 Without CMD, as 'etcdctl elect NAME VALUE', it prints its key and, on the
 next line, its value on standard output once it leads, and leads until SIGINT, SIGTERM or SIGHUP; then it

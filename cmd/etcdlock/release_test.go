@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,6 +33,30 @@ func TestReleaseRun(t *testing.T) {
 	require.Equal(t, 0, p.wait(t), p.stderr.String())
 	require.Contains(t, p.stderr.String(), "asked to release")
 	require.Empty(t, queueKeys(t, cli, name))
+}
+
+// TestReleaseIgnoredIsSaid: a holder started without --on-release ignores
+// a request, and says so on stderr with how to act on the next; without
+// CMD it says it holds until a signal (issue 31: it said nothing while
+// the asker was told the request was recorded).
+func TestReleaseIgnoredIsSaid(t *testing.T) {
+	t.Parallel()
+	name := lockName(t)
+	p := startProc(t, nil, "run", ep(), name, "--", "sh", "-c", "echo ready; cat >/dev/null")
+	p.stdout.waitFor(t, "ready")
+	r := runProc(t, nil, "release", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	p.stderr.waitFor(t, "ignored: sh runs on (start etcdlock with --on-release SIGNAL to pass requests on to sh)")
+	p.stdin.Close()
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
+
+	p = startProc(t, nil, "run", ep(), name)
+	p.stdout.waitFor(t, name+"/")
+	r = runProc(t, nil, "release", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	p.stderr.waitFor(t, "it holds until this etcdlock gets SIGINT, SIGTERM or SIGHUP")
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
 }
 
 // TestReleaseElect: elect --on-release passes a request to step down on to

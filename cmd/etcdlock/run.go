@@ -46,7 +46,7 @@ is NAME's queue.
 With --on-release SIGNAL, a request to release the lock ('etcdlock release
 NAME', or the library's RequestRelease) is passed on to CMD as SIGNAL: CMD
 decides, and the lock is released when CMD exits. Without it a request is
-ignored.
+ignored, and etcdlock says so on standard error.
 
 Without CMD, as 'etcdctl lock NAME', it prints the lock's key on standard
 output once it holds the lock, and holds it until SIGINT, SIGTERM or SIGHUP;
@@ -701,11 +701,8 @@ func (r *lockRun) release() error {
 // returns cmd's exit code as an exitError, or exitLost.
 func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer) error {
 	m, held, stderr := r.m, r.held(), r.stderr
-	lost := m.Done()          // starts watching the hold now, before CMD runs
-	var asked <-chan struct{} // nil: a request is ignored
-	if r.onRelease != nil {
-		asked = m.ReleaseRequested()
-	}
+	lost := m.Done()              // starts watching the hold now, before CMD runs
+	asked := m.ReleaseRequested() // without --on-release, only said on stderr
 	cmdName := filepath.Base(cmd.Args[0])
 	token := strconv.FormatInt(m.Token(), 10)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
@@ -761,6 +758,12 @@ loop:
 			killc = t.C
 		case <-asked:
 			asked = nil
+			if r.onRelease == nil {
+				// The asker was told the request was recorded: say here
+				// that it is ignored, and how to act on the next one.
+				fmt.Fprintf(stderr, "etcdlock: asked to release %s ('etcdlock release'); ignored: %s runs on (start etcdlock with --on-release SIGNAL to pass requests on to %s)\n", held, cmdName, cmdName)
+				continue
+			}
 			fmt.Fprintf(stderr, "etcdlock: asked to release %s; sending %s %s\n", held, cmdName, sigName(r.onRelease))
 			signalCmd(cmd, r.onRelease, group)
 		case <-killc:
@@ -834,15 +837,22 @@ func (r *lockRun) hold(stdout io.Writer) error {
 		fmt.Fprintln(stdout, r.elect.value)
 	}
 
-	select {
-	case <-lost:
-		r.lost = true
-		err := r.m.Err()
-		if err == nil {
-			err = etcdlock.ErrLockLost
+	asked := r.m.ReleaseRequested()
+	for signalled := false; !signalled; {
+		select {
+		case <-lost:
+			r.lost = true
+			err := r.m.Err()
+			if err == nil {
+				err = etcdlock.ErrLockLost
+			}
+			return failf(exitLost, "lost %s while holding it (%s)", r.held(), detail(err))
+		case <-asked:
+			asked = nil
+			fmt.Fprintf(r.stderr, "etcdlock: asked to release %s ('etcdlock release'); it holds until this etcdlock gets SIGINT, SIGTERM or SIGHUP\n", r.held())
+		case <-r.sigc:
+			signalled = true
 		}
-		return failf(exitLost, "lost %s while holding it (%s)", r.held(), detail(err))
-	case <-r.sigc:
 	}
 	switch err := r.release(); {
 	case errors.Is(err, etcdlock.ErrLockLost):
