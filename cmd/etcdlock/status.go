@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -165,6 +166,7 @@ type holderJSON struct {
 	ReleaseRequested bool `json:"release_requested,omitempty"`
 
 	leaseNote string // why LeaseTTL is absent, for the text output
+	identity  string // a WithIdentity that is no etcdlock run record, on one line
 }
 
 type waiterJSON struct {
@@ -176,6 +178,29 @@ type waiterJSON struct {
 	// WaitsFor is, for a MultiMutex's key first in line (etcdlock run
 	// --also), the other name its set still waits for.
 	WaitsFor string `json:"waits_for,omitempty"`
+	// Who the waiter is, as it recorded itself: etcdlock run's host,
+	// pid and command, or a library lock's WithIdentity; absent if
+	// nothing was recorded.
+	Host     string       `json:"host,omitempty"`
+	PID      int          `json:"pid,omitempty"`
+	Command  string       `json:"command,omitempty"`
+	Identity identityJSON `json:"identity,omitempty"`
+}
+
+// who is the waiter's one-line description, "" when it recorded none.
+func (w waiterJSON) who() string {
+	if w.Host != "" || w.PID != 0 || w.Command != "" {
+		return runRecord{Host: w.Host, PID: w.PID, Command: w.Command}.who()
+	}
+	return strings.Join(strings.Fields(string(w.Identity)), " ")
+}
+
+// who is the holder's one-line description, "" when it recorded none.
+func (h *holderJSON) who() string {
+	if h.QueuedAt != nil || h.HeldSince != nil {
+		return runRecord{Host: h.Host, PID: h.PID, Command: h.Command}.who()
+	}
+	return h.identity
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
@@ -232,7 +257,13 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 	name := q.Name
 	st := &statusJSON{Name: name, Revision: q.Revision, Holders: []*holderJSON{}, Waiters: []waiterJSON{}}
 	for i, k := range q.Waiters() {
-		st.Waiters = append(st.Waiters, waiterJSON{Position: i + 1, Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), WaitsFor: k.WaitsFor})
+		w := waiterJSON{Position: i + 1, Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), WaitsFor: k.WaitsFor}
+		if rec, ok := parseRunRecord(k.Identity); ok {
+			w.Host, w.PID, w.Command = rec.Host, rec.PID, rec.Command
+		} else {
+			w.Identity = identityJSON(k.Identity)
+		}
+		st.Waiters = append(st.Waiters, w)
 	}
 	for _, k := range q.Holders() {
 		h := &holderJSON{Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), ReleaseRequested: k.ReleaseRequested}
@@ -248,7 +279,9 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 		}
 		if rec, ok := record(ctx, cli, name, k); ok {
 			h.Host, h.PID, h.Command, h.QueuedAt, h.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
-		} else if len(k.Value) > 0 && k.Identity == "" && k.Mode.Exclusive() && !k.InSet {
+		} else if k.Identity != "" {
+			h.identity = strings.Join(strings.Fields(k.Identity), " ")
+		} else if len(k.Value) > 0 && k.Mode.Exclusive() && !k.InSet {
 			v := string(k.Value)
 			h.Value = &v
 		}
@@ -306,11 +339,15 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	for _, h := range st.Holders {
 		modes = modes || h.Mode != "exclusive"
 	}
+	// A WHO column when some waiter recorded who it is (the holder's own
+	// lines below say who holds; the demo's CLIENT column says it all).
+	whos := false
 	for _, wt := range st.Waiters {
 		modes = modes || wt.Mode != "exclusive"
+		whos = whos || labels == nil && wt.who() != ""
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	row := func(pos, key, lease string, token int64, m modeJSON) {
+	row := func(pos, key, lease string, token int64, m modeJSON, who string) {
 		fmt.Fprintf(tw, "%s\t", pos)
 		if labels != nil {
 			fmt.Fprintf(tw, "%s\t", labels[key])
@@ -318,6 +355,9 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 		fmt.Fprintf(tw, "%s\t%s\t%d", key, lease, token)
 		if modes {
 			fmt.Fprintf(tw, "\t%s", m)
+		}
+		if whos {
+			fmt.Fprintf(tw, "\t%s", cmp.Or(who, "-"))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -329,12 +369,15 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	if modes {
 		fmt.Fprint(tw, "\tMODE")
 	}
+	if whos {
+		fmt.Fprint(tw, "\tWHO")
+	}
 	fmt.Fprintln(tw)
 	for _, h := range st.Holders {
-		row("holder", h.Key, h.Lease, h.Token, h.modeJSON)
+		row("holder", h.Key, h.Lease, h.Token, h.modeJSON, h.who())
 	}
 	for _, wt := range st.Waiters {
-		row(strconv.Itoa(wt.Position), wt.Key, wt.Lease, wt.Token, wt.modeJSON)
+		row(strconv.Itoa(wt.Position), wt.Key, wt.Lease, wt.Token, wt.modeJSON, wt.who())
 	}
 	tw.Flush()
 	printPermits(w, st)

@@ -2,11 +2,16 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/etcdlock/etcdlock"
 	"github.com/stretchr/testify/require"
 )
 
@@ -44,4 +49,41 @@ func TestStatusHolderThatWaited(t *testing.T) {
 
 	p2.stdin.Close()
 	require.Equal(t, 0, p2.wait(t), p2.stderr.String())
+}
+
+// TestStatusWaiterIdentity: status names who each waiter is, as it
+// recorded itself: etcdlock run's host, pid and command, or a library
+// lock's WithIdentity; "-" for one that recorded nothing (issue 31: it
+// named only the holder).
+func TestStatusWaiterIdentity(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	holdLock(t, cli, name)
+	p := startProc(t, nil, "run", ep(), name, "--", "true")
+	require.Eventually(t, func() bool { return len(queueKeys(t, cli, name)) == 2 }, procTimeout, 10*time.Millisecond)
+	s, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	idm := etcdlock.NewMutex(s, name, etcdlock.WithIdentity("billing worker 7"))
+	go idm.Lock(t.Context()) //nolint:errcheck // ends with the session
+	require.Eventually(t, func() bool { return len(queueKeys(t, cli, name)) == 3 }, procTimeout, 10*time.Millisecond)
+
+	r := runProc(t, nil, "status", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	host, _ := os.Hostname()
+	require.Regexp(t, `\nPOSITION +KEY +LEASE +TOKEN +WHO\n`, r.stdout)
+	require.Regexp(t, `\nholder +\S+ +\S+ +\d+ +-\n`, r.stdout)
+	require.Regexp(t, fmt.Sprintf(`\n1 +\S+ +\S+ +\d+ +etcdlock run true, pid %d on %s\n`, p.cmd.Process.Pid, regexp.QuoteMeta(host)), r.stdout)
+	require.Regexp(t, `\n2 +\S+ +\S+ +\d+ +billing worker 7\n`, r.stdout)
+	r = runProc(t, nil, "status", "--json", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Equal(t, p.cmd.Process.Pid, st.Waiters[0].PID)
+	require.Equal(t, "true", st.Waiters[0].Command)
+	require.Equal(t, identityJSON("billing worker 7"), st.Waiters[1].Identity)
+	require.NoError(t, s.Close())
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	p.wait(t)
 }
