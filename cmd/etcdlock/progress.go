@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
+	"github.com/etcdlock/etcdlock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -81,7 +83,18 @@ func (p *progress) loop(ctx context.Context) {
 		default:
 			place = fmt.Sprintf("queue position %d of %d", pos, len(q.Keys)-1)
 		}
+		if h := q.Holders(); len(h) > 0 {
+			// Whom it waits for: the holder, as it recorded itself.
+			place += "; held by " + describeKey(h[0])
+			if len(h) > 1 {
+				place += fmt.Sprintf(" and %d more", len(h)-1)
+			}
+		}
 		line := fmt.Sprintf("etcdlock: waiting for %s: %s, waited %s", p.what, place, fmtDur(time.Since(p.start)))
+		if i := strings.Index(place, "; "); i >= 0 {
+			// The time waited before whom it waits for.
+			line = fmt.Sprintf("etcdlock: waiting for %s: %s, waited %s%s", p.what, place[:i], fmtDur(time.Since(p.start)), place[i:])
+		}
 		switch {
 		case p.tty:
 			fmt.Fprint(p.w, "\r\x1b[K"+line)
@@ -92,4 +105,16 @@ func (p *progress) loop(ctx context.Context) {
 		}
 		p.shown, last = true, place
 	}
+}
+
+// describeKey says who holds (or waits with) key k, as it recorded itself:
+// etcdlock run's host, pid and command, a WithIdentity, or else its key.
+func describeKey(k etcdlock.QueueKey) string {
+	if rec, ok := parseRunRecord(k.Identity); ok {
+		return rec.who()
+	}
+	if id := strings.Join(strings.Fields(k.Identity), " "); id != "" {
+		return id
+	}
+	return k.Key
 }

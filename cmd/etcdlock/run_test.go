@@ -885,7 +885,10 @@ func TestProgressLines(t *testing.T) {
 	w.next(t)
 
 	p := startProc(t, nil, "run", ep(), name, "--", "true")
-	p.stderr.waitFor(t, `etcdlock: waiting for lock "`+name+`": queue position 2 of 2, waited`)
+	line := p.stderr.waitFor(t, `etcdlock: waiting for lock "`+name+`": queue position 2 of 2, waited`)
+	// It names whom it waits for (issue 31): the holder, here by its key
+	// (it recorded nothing).
+	require.True(t, strings.HasSuffix(line, "; held by "+m1.Key()), line)
 	require.NoError(t, m1.Unlock(t.Context()))
 	p.stderr.waitFor(t, "queue position 1 of 1")
 	s2.unlock(t)
