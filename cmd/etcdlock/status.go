@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -166,7 +165,6 @@ type holderJSON struct {
 	ReleaseRequested bool `json:"release_requested,omitempty"`
 
 	leaseNote string // why LeaseTTL is absent, for the text output
-	identity  string // a WithIdentity that is no etcdlock run record, on one line
 }
 
 type waiterJSON struct {
@@ -193,14 +191,6 @@ func (w waiterJSON) who() string {
 		return runRecord{Host: w.Host, PID: w.PID, Command: w.Command}.who()
 	}
 	return strings.Join(strings.Fields(string(w.Identity)), " ")
-}
-
-// who is the holder's one-line description, "" when it recorded none.
-func (h *holderJSON) who() string {
-	if h.QueuedAt != nil || h.HeldSince != nil {
-		return runRecord{Host: h.Host, PID: h.PID, Command: h.Command}.who()
-	}
-	return h.identity
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
@@ -279,9 +269,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 		}
 		if rec, ok := record(ctx, cli, name, k); ok {
 			h.Host, h.PID, h.Command, h.QueuedAt, h.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
-		} else if k.Identity != "" {
-			h.identity = strings.Join(strings.Fields(k.Identity), " ")
-		} else if len(k.Value) > 0 && k.Mode.Exclusive() && !k.InSet {
+		} else if len(k.Value) > 0 && k.Identity == "" && k.Mode.Exclusive() && !k.InSet {
 			v := string(k.Value)
 			h.Value = &v
 		}
@@ -339,15 +327,11 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	for _, h := range st.Holders {
 		modes = modes || h.Mode != "exclusive"
 	}
-	// A WHO column when some waiter recorded who it is (the holder's own
-	// lines below say who holds; the demo's CLIENT column says it all).
-	whos := false
 	for _, wt := range st.Waiters {
 		modes = modes || wt.Mode != "exclusive"
-		whos = whos || labels == nil && wt.who() != ""
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	row := func(pos, key, lease string, token int64, m modeJSON, who string) {
+	row := func(pos, key, lease string, token int64, m modeJSON) {
 		fmt.Fprintf(tw, "%s\t", pos)
 		if labels != nil {
 			fmt.Fprintf(tw, "%s\t", labels[key])
@@ -355,9 +339,6 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 		fmt.Fprintf(tw, "%s\t%s\t%d", key, lease, token)
 		if modes {
 			fmt.Fprintf(tw, "\t%s", m)
-		}
-		if whos {
-			fmt.Fprintf(tw, "\t%s", cmp.Or(who, "-"))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -369,17 +350,21 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	if modes {
 		fmt.Fprint(tw, "\tMODE")
 	}
-	if whos {
-		fmt.Fprint(tw, "\tWHO")
-	}
 	fmt.Fprintln(tw)
 	for _, h := range st.Holders {
-		row("holder", h.Key, h.Lease, h.Token, h.modeJSON, h.who())
+		row("holder", h.Key, h.Lease, h.Token, h.modeJSON)
 	}
 	for _, wt := range st.Waiters {
-		row(strconv.Itoa(wt.Position), wt.Key, wt.Lease, wt.Token, wt.modeJSON, wt.who())
+		row(strconv.Itoa(wt.Position), wt.Key, wt.Lease, wt.Token, wt.modeJSON)
 	}
 	tw.Flush()
+	if labels == nil { // the demo's CLIENT column says who each is
+		for _, wt := range st.Waiters {
+			if who := wt.who(); who != "" {
+				fmt.Fprintf(w, "waiter %d: %s\n", wt.Position, who)
+			}
+		}
+	}
 	printPermits(w, st)
 	for _, h := range st.Holders {
 		if h.ReleaseRequested {
