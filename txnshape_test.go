@@ -89,7 +89,7 @@ func (r *txnRecorder) rev(n int64) string {
 	return r.revs[n]
 }
 
-var hexLease = regexp.MustCompile(`/([0-9a-f]{16})\b`)
+var hexLease = regexp.MustCompile(`/([0-9a-f]{8,16})\b`) // %x of a lease ID: up to 16 digits
 
 // key replaces the lock's name and the leases in a key or value.
 func (r *txnRecorder) key(b []byte) string {
