@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/etcdlock/etcdlock"
 	"io"
 	"net"
 	"net/url"
@@ -191,13 +192,19 @@ func (c *connFlags) userName() string {
 func (c *connFlags) explain(err error, access, key string) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrUserEmpty):
-		return fmt.Errorf("etcd requires authentication (%w): give --user user:password, or set ETCDCTL_USER", err)
+		return &exitError{code: exitConnect, err: fmt.Errorf("etcd requires authentication (%w): give --user user:password, or set ETCDCTL_USER", err)}
 	case errors.Is(err, rpctypes.ErrPermissionDenied):
+		// The same exit code from every command: a script tells a refused
+		// user from a lock held or lost.
 		pfx := key
 		if i := strings.LastIndex(key, "/"); i >= 0 {
 			pfx = key[:i+1]
 		}
-		return fmt.Errorf("%w: etcd user %q may not %s %q (run and elect need readwrite permission on the keys with prefix %q; status, ls and elect --listen read)", err, c.userName(), access, key, pfx)
+		need := fmt.Sprintf("run and elect need readwrite permission on the keys with prefix %q; status, ls and elect --listen read", pfx)
+		if strings.HasPrefix(key, etcdlock.ReleaseRequestPrefix) {
+			need = fmt.Sprintf("release needs write permission on the keys with prefix %q, and read permission on the lock's", pfx)
+		}
+		return &exitError{code: exitConnect, err: fmt.Errorf("%w: etcd user %q may not %s %q (%s)", err, c.userName(), access, key, need)}
 	}
 	return err
 }

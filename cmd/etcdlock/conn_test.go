@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
@@ -238,9 +239,18 @@ func TestAuth(t *testing.T) {
 	r = runProc(t, nil, "status", eps, "--user", "reader:pw", name)
 	require.Equal(t, 0, r.code, r.stderr)
 	r = runProc(t, nil, "run", eps, "--user", "reader:pw", name, "--", "true")
-	require.Equal(t, exitFailure, r.code)
+	require.Equal(t, exitConnect, r.code, "a refused user: the same code from every command (issue 31)")
 	requireOneLineError(t, r, `permission denied: etcd user "reader" may not write key "`+name+`/`)
 	requireOneLineError(t, r, `(run and elect need readwrite permission on the keys with prefix "`+name+`/"; status, ls and elect --listen read)`)
+	// release, refused the write of its request, exits as run does, and
+	// says what release needs (issue 31: exit 1, and run's hint).
+	p := startProc(t, nil, "run", eps, "--user", "root:secret", name, "--", "sh", "-c", "echo ready; cat >/dev/null")
+	p.stdout.waitFor(t, "ready")
+	r = runProc(t, nil, "release", eps, "--user", "reader:pw", name)
+	require.Equal(t, exitConnect, r.code, r.stderr)
+	requireOneLineError(t, r, `etcd user "reader" may not write the request key "`+etcdlock.ReleaseRequestPrefix+name+`/" (release needs write permission on the keys with prefix "`+etcdlock.ReleaseRequestPrefix+name+`/", and read permission on the lock's)`)
+	p.stdin.Close()
+	require.Equal(t, 0, p.wait(t), p.stderr.String())
 
 	// A user without a password is asked for it on the terminal, with
 	// echo off; the terminal is left as it was, also after Ctrl-C.

@@ -117,7 +117,8 @@ const exitCodesHelp = `Exit codes:
   0        success; for run and elect: CMD's own exit code
   1        an error from etcd or the system not covered below
   2        usage: unknown flag, missing NAME, bad value
-  3        cannot reach etcd within --dial-timeout, or TLS or authentication failed
+  3        cannot reach etcd within --dial-timeout, TLS or authentication failed,
+           or etcd refused the user permission on a key (every command alike)
   4        run --try: the lock is held or has waiters; release: nothing holds NAME
   5        run --timeout: gave up waiting
   6        run: the lock was lost while CMD ran (CMD was stopped), or while
@@ -207,7 +208,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		code = ee.code
-		err = ee.err
+		if err == error(ee) || ee.err == nil {
+			err = ee.err
+		} // else: a message wraps the exitError, and says more than it
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "etcdlock: %s\n", oneLine(err.Error()))
