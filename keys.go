@@ -33,7 +33,8 @@ const LockDelayPrefix = "__etcdlock/delay/"
 // RequestRelease needs to read the lock's queue (read permission on
 // name + "/" and its range) and to write the request keys (write
 // permission on ReleaseRequestPrefix + name + "/" and its range); a
-// holder that asks ReleaseRequested needs read permission on the latter.
+// holder that asks ReleaseRequested needs read permission on the latter
+// (without it, its ReleaseRequested never closes).
 // For a lock with WithLockDelay it also reads the delay records (read
 // permission on LockDelayPrefix + name + "/" and its range): without it,
 // a waiter a pending delay keeps out counts as a holder.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -218,7 +219,10 @@ func (r *holdRequest) stop() {
 }
 
 // awaitRequest waits until key holds a request for the hold of token: a
-// value that is the token. It reports false if ctx ends first.
+// value that is the token. It reports false if ctx ends first, or at once
+// when etcd refuses to let the session's user read the request (no read
+// permission on ReleaseRequestPrefix + name + "/"): a watch made again
+// would be refused again, for as long as the hold lasts.
 //
 // The watch starts "now", so that etcd counts it as synced and sends the
 // request's event at once (a watch from an older revision waits for
@@ -231,11 +235,19 @@ func (s *Session) awaitRequest(ctx context.Context, key string, token int64) boo
 	for ctx.Err() == nil {
 		wctx, cancel := context.WithCancel(requireLeader(ctx))
 		for wr := range s.cli.Watch(wctx, key, clientv3.WithCreatedNotify(), clientv3.WithFilterDelete()) {
+			if refused(wr.Err()) {
+				cancel()
+				return false // no read permission on the requests: none is seen
+			}
 			if wr.Canceled || wr.CompactRevision != 0 {
 				break
 			}
 			if wr.Created {
 				resp, err := s.cli.Get(wctx, key)
+				if refused(err) {
+					cancel()
+					return false
+				}
 				if err != nil {
 					break
 				}
@@ -260,4 +272,12 @@ func (s *Session) awaitRequest(ctx context.Context, key string, token int64) boo
 		}
 	}
 	return false
+}
+
+// refused reports whether err is etcd refusing the user permission.
+func refused(err error) bool {
+	// A refused watch ends with an error that only carries etcd's text
+	// (the client makes it from the watch's cancel reason).
+	return errors.Is(err, rpctypes.ErrPermissionDenied) ||
+		err != nil && strings.HasSuffix(err.Error(), rpctypes.ErrPermissionDenied.Error())
 }

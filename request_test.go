@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc/codes"
@@ -568,5 +571,39 @@ func TestRequestReleaseWaitingSet(t *testing.T) {
 	}
 	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, names[0]))
 	requested(t, m.ReleaseRequested(), "the set, asked once it holds")
+	require.NoError(t, m.Unlock(t.Context()))
+}
+
+// TestReleaseRequestedWithoutPermission: a holder whose user may not read
+// the request keys watches for a request once: etcd refuses the watch,
+// and ReleaseRequested never closes, rather than the watch being made
+// again and again for as long as the hold lasts. (etcdlock run watches
+// every hold's requests, to say that it ignores one.)
+func TestReleaseRequestedWithoutPermission(t *testing.T) {
+	t.Parallel()
+	name := "authrequests"
+	c := authCluster(t, name)
+	var in etcdtest.Injector
+	var creates atomic.Int64
+	in.Trace(func(r etcdtest.RPC) {
+		if w, ok := r.Req.(*pb.WatchRequest); ok && w.GetCreateRequest() != nil &&
+			strings.HasPrefix(string(w.GetCreateRequest().Key), etcdlock.ReleaseRequestPrefix) {
+			creates.Add(1)
+		}
+	})
+	alice := c.Client(t, clientv3.Config{Username: "alice", Password: "alice-pw", DialOptions: in.DialOptions()})
+	m := etcdlock.NewMutex(newSession(t, alice), name)
+	require.NoError(t, m.Lock(t.Context()))
+	asked := m.ReleaseRequested()
+	require.Eventually(t, func() bool { return creates.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
+	// Made again, the watch would come back within its backoff (50ms,
+	// doubling to a second): three seconds see several.
+	time.Sleep(3 * time.Second)
+	require.EqualValues(t, 1, creates.Load(), "the refused watch was made again")
+	select {
+	case <-asked:
+		t.Fatal("ReleaseRequested closed with no request")
+	default:
+	}
 	require.NoError(t, m.Unlock(t.Context()))
 }
