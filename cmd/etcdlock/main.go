@@ -151,6 +151,8 @@ Usage:
   etcdlock release [flags] NAME               ask the holders of NAME to release it
                                               (run and elect --on-release SIGNAL
                                               pass the request on to CMD)
+  etcdlock grants [flags] NAME...             print the etcdctl lines that grant a
+                                              role what the uses of NAME need
   etcdlock version                            show the versions of etcdlock, Go
                                               and the etcd client
   etcdlock help [COMMAND]                     show help
@@ -248,6 +250,8 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		return cmdLs(rest, stdout, stderr)
 	case "release":
 		return cmdRelease(rest, stdout, stderr)
+	case "grants":
+		return cmdGrants(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		return cmdVersion(rest, stdout)
 	case demoHolderCmd:

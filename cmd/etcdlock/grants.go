@@ -1,0 +1,92 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/etcdlock/etcdlock"
+)
+
+// The grants command: the permissions an etcd role needs for each use of
+// a lock, as the etcdctl command lines that grant them.
+
+const grantsHelp = `Usage: etcdlock grants [flags] NAME...
+
+Prints the 'etcdctl role grant-permission' lines that give an etcd role
+exactly what etcdlock needs on each lock NAME, and nothing more: apply
+them to the role of the users that run etcdlock (or a program of this
+library) with authentication on.
+
+  run, elect, a Mutex, ...   readwrite on the keys with prefix NAME/
+  --lock-delay               also readwrite on __etcdlock/delay/NAME/
+                             (run --lock-delay, WithLockDelay)
+  --requests                 also readwrite on __etcdlock/release/NAME/
+                             (etcdlock release, run --on-release,
+                             RequestRelease, ReleaseRequested)
+  --observe-only             read only, on NAME/ (status, ls NAME, elect
+                             --listen), and on the delay and request keys
+                             with the flags above
+
+A lock name is taken as etcd's Mutex takes it: its keys are NAME/ and a
+lease ID, so "/my-lock/" needs the prefix "/my-lock//".
+`
+
+func cmdGrants(args []string, stdout, _ io.Writer) error {
+	fs := newFlagSet("grants")
+	role := fs.String("role", "ROLE", "the etcd `role` the lines grant to")
+	delay := fs.Bool("lock-delay", false, "the locks take a lock delay: also the delay records' keys")
+	requests := fs.Bool("requests", false, "release requests are made or heard: also the request keys")
+	observe := fs.Bool("observe-only", false, "read only: status, ls NAME, elect --listen")
+	// Flags may come between the names: parse as many names as there are
+	// arguments.
+	names, rest, _, err := parseArgs(fs, args, len(args), grantsHelp, stdout)
+	if err != nil {
+		return err
+	}
+	names = append(names, rest...)
+	switch {
+	case len(names) == 0:
+		return usageErr("grants", "missing lock NAME")
+	case *role == "":
+		return usageErr("grants", "empty --role")
+	}
+	for _, n := range names {
+		switch {
+		case n == "" || n == "--":
+			return usageErr("grants", "empty lock NAME")
+		case reservedName(n):
+			return usageErr("grants", "lock NAME %q: %s", n, reservedWhy)
+		}
+	}
+	perm := "readwrite"
+	if *observe {
+		perm = "read"
+	}
+	for _, n := range names {
+		for _, p := range grantPrefixes(n, *delay, *requests) {
+			fmt.Fprintf(stdout, "etcdctl role grant-permission %s %s --prefix %s\n", shellQuote(*role), perm, shellQuote(p))
+		}
+	}
+	return nil
+}
+
+// grantPrefixes returns the key prefixes the uses of lock name touch.
+func grantPrefixes(name string, delay, requests bool) []string {
+	pfxs := []string{name + "/"}
+	if delay {
+		pfxs = append(pfxs, etcdlock.LockDelayPrefix+name+"/")
+	}
+	if requests {
+		pfxs = append(pfxs, etcdlock.ReleaseRequestPrefix+name+"/")
+	}
+	return pfxs
+}
+
+// shellQuote quotes s for a POSIX shell, unless it needs none.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:@") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

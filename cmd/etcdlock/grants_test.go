@@ -1,0 +1,95 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestGrants: the lines grants prints, applied to a fresh role on an etcd
+// with authentication on, give a user of that role every use they name
+// (run with a lock delay, status, release heard by the holder) and nothing
+// more: another lock, or a write with --observe-only, is refused (exit 3).
+func TestGrants(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.Start(t, 1)
+	root := c.Client(t)
+	name := "/" + lockName(t) + "/" // as etcd's examples name locks
+	apply := func(role string, args ...string) {
+		t.Helper()
+		r := runProc(t, nil, append([]string{"grants", "--role", role}, args...)...)
+		require.Equal(t, 0, r.code, r.stderr)
+		lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+		_, err := root.RoleAdd(t.Context(), role)
+		require.NoError(t, err)
+		for _, l := range lines {
+			w := etcdtest.ShellWords(l)
+			require.Len(t, w, 7, l)
+			require.Equal(t, []string{"etcdctl", "role", "grant-permission", role}, w[:4], l)
+			require.Equal(t, "--prefix", w[5], l)
+			perm := clientv3.PermReadWrite
+			if w[4] == "read" {
+				perm = clientv3.PermRead
+			}
+			_, err := root.RoleGrantPermission(t.Context(), role, w[6], clientv3.GetPrefixRangeEnd(w[6]), clientv3.PermissionType(perm))
+			require.NoError(t, err, l)
+		}
+		_, err = root.UserAdd(t.Context(), role+"-user", "pw")
+		require.NoError(t, err)
+		_, err = root.UserGrantRole(t.Context(), role+"-user", role)
+		require.NoError(t, err)
+	}
+	apply("locker", "--lock-delay", "--requests", name)
+	apply("watcher", "--observe-only", name)
+	require.NoError(t, etcdtest.EnableAuth(t.Context(), root, "secret"))
+	eps := "--endpoints=" + c.Endpoint(0)
+	locker, watcher := []string{"--user", "locker-user:pw"}, []string{"--user", "watcher-user:pw"}
+	cmdline := func(user []string, args ...string) []string {
+		return append(append([]string{args[0], eps}, user...), args[1:]...)
+	}
+
+	p := startProc(t, nil, cmdline(locker, "run", "--lock-delay", "2s", "--on-release", "TERM", name, "--", "sh", "-c", "echo ready; exec sleep 30")...)
+	p.stdout.waitFor(t, "ready")
+	for _, user := range [][]string{locker, watcher} {
+		r := runProc(t, nil, cmdline(user, "status", name)...)
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Contains(t, r.stdout, "is held")
+	}
+	r := runProc(t, nil, cmdline(watcher, "release", name)...)
+	require.Equal(t, exitConnect, r.code, "observe-only may not ask: %s", r.stderr)
+	r = runProc(t, nil, cmdline(locker, "release", name)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 128+15, p.wait(t), "the holder heard the request: %s", p.stderr.String())
+	require.NotContains(t, p.stderr.String(), "permission denied")
+
+	r = runProc(t, nil, cmdline(watcher, "run", name, "--", "true")...)
+	require.Equal(t, exitConnect, r.code, "observe-only may not lock: %s", r.stderr)
+	r = runProc(t, nil, cmdline(locker, "run", "--lock-delay", "2s", lockName(t)+"-other", "--", "true")...)
+	require.Equal(t, exitConnect, r.code, "another lock is not granted: %s", r.stderr)
+}
+
+func TestGrantsUsage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"grants"}, "missing lock NAME"},
+		{[]string{"grants", "__etcdlock"}, `lock NAME "__etcdlock": "__etcdlock" and the names`},
+		{[]string{"grants", "--role", "", "n"}, "empty --role"},
+	} {
+		r := runProc(t, nil, tc.args...)
+		require.Equal(t, exitUsage, r.code, "%q: %s", tc.args, r.stderr)
+		requireOneLineError(t, r, tc.want)
+	}
+	r := runProc(t, nil, "grants", "--role", "ops", "a", "--requests", "it's")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, `etcdctl role grant-permission ops readwrite --prefix a/
+etcdctl role grant-permission ops readwrite --prefix __etcdlock/release/a/
+etcdctl role grant-permission ops readwrite --prefix 'it'\''s/'
+etcdctl role grant-permission ops readwrite --prefix '__etcdlock/release/it'\''s/'
+`, r.stdout)
+}
