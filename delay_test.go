@@ -14,6 +14,7 @@ import (
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -892,4 +893,21 @@ func TestLockDelayHandoffRPCs(t *testing.T) {
 	mu.Unlock()
 	require.NoError(t, w.Unlock(t.Context()))
 	require.Empty(t, delayRecords(t, cli, name))
+}
+
+// TestLockDelayPermission: a Lock made WithLockDelay by a user whose role
+// covers the lock's keys but not its delay records is refused, and the
+// error names every prefix the Lock touches, the delay records' included,
+// and the command that prints the grants (issue 31: it was etcd's bare
+// "permission denied").
+func TestLockDelayPermission(t *testing.T) {
+	t.Parallel()
+	name := "authdelay"
+	c := authCluster(t, name)
+	alice := c.Client(t, clientv3.Config{Username: "alice", Password: "alice-pw"})
+	m := etcdlock.NewMutex(newSession(t, alice), name, etcdlock.WithLockDelay(time.Second))
+	err := m.Lock(t.Context())
+	require.ErrorIs(t, err, rpctypes.ErrPermissionDenied)
+	require.ErrorContains(t, err, `a lock of authdelay reads and writes the keys with prefix "authdelay/" and "__etcdlock/delay/authdelay/", and its user needs readwrite permission on each ('etcdlock grants --lock-delay NAME...' prints the etcdctl lines): etcdserver: permission denied`)
+	require.NoError(t, etcdlock.NewMutex(newSession(t, alice), name).TryLock(t.Context()), "without the delay, the lock's own keys suffice")
 }

@@ -189,7 +189,7 @@ func (c *connFlags) userName() string {
 // denied" names the user and the key that was refused (the access is what
 // was tried on key, such as "read key" or "write key"). Other errors come
 // back as they are.
-func (c *connFlags) explain(err error, access, key string) error {
+func (c *connFlags) explain(err error, access, key string, also ...string) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrUserEmpty):
 		return &exitError{code: exitConnect, err: fmt.Errorf("etcd requires authentication (%w): give --user user:password, or set ETCDCTL_USER", err)}
@@ -201,6 +201,13 @@ func (c *connFlags) explain(err error, access, key string) error {
 			pfx = key[:i+1]
 		}
 		need := fmt.Sprintf("run and elect need readwrite permission on the keys with prefix %q; status, ls and elect --listen read", pfx)
+		if len(also) > 0 {
+			// The refused write may have been to another key: etcd does
+			// not say which.
+			access += fmt.Sprintf(" %q, or one of those with prefix", key)
+			key = strings.Join(also, `", "`)
+			need = fmt.Sprintf("this run needs readwrite permission on the keys with prefix %q and %q; 'etcdlock grants' prints the etcdctl lines", pfx, strings.Join(also, `", "`))
+		}
 		if strings.HasPrefix(key, etcdlock.ReleaseRequestPrefix) {
 			need = fmt.Sprintf("release needs write permission on the keys with prefix %q, and read permission on the lock's", pfx)
 		}

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -44,6 +45,7 @@ func TestGrants(t *testing.T) {
 	}
 	apply("locker", "--lock-delay", "--requests", name)
 	apply("watcher", "--observe-only", name)
+	apply("plain", name)
 	require.NoError(t, etcdtest.EnableAuth(t.Context(), root, "secret"))
 	eps := "--endpoints=" + c.Endpoint(0)
 	locker, watcher := []string{"--user", "locker-user:pw"}, []string{"--user", "watcher-user:pw"}
@@ -69,6 +71,15 @@ func TestGrants(t *testing.T) {
 	require.Equal(t, exitConnect, r.code, "observe-only may not lock: %s", r.stderr)
 	r = runProc(t, nil, cmdline(locker, "run", "--lock-delay", "2s", lockName(t)+"-other", "--", "true")...)
 	require.Equal(t, exitConnect, r.code, "another lock is not granted: %s", r.stderr)
+	// Without the delay's grants, run --lock-delay is refused, and the
+	// message names the delay records' prefix too (issue 31: it named
+	// only the lock's key, which the user may write).
+	plain := []string{"--user", "plain-user:pw"}
+	r = runProc(t, nil, cmdline(plain, "run", "--lock-delay", "2s", name, "--", "true")...)
+	require.Equal(t, exitConnect, r.code, r.stderr)
+	requireOneLineError(t, r, `this run needs readwrite permission on the keys with prefix "`+name+`/" and "`+etcdlock.LockDelayPrefix+name+`/"; 'etcdlock grants' prints the etcdctl lines`)
+	r = runProc(t, nil, cmdline(plain, "run", name, "--", "true")...)
+	require.Equal(t, 0, r.code, "without a delay, the lock's own keys suffice: %s", r.stderr)
 }
 
 func TestGrantsUsage(t *testing.T) {

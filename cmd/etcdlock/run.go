@@ -561,7 +561,11 @@ func (r *lockRun) acquire(try bool, timeout time.Duration, quiet bool) error {
 	case r.m == nil:
 		return err // no session: startSession said why
 	default:
-		return r.conn.explain(fmt.Errorf("%s: %w", r.what(), err), "write key", r.m.Key())
+		var also []string // what else the Lock writes
+		if r.lockDelay > 0 {
+			also = append(also, etcdlock.LockDelayPrefix+r.name+"/")
+		}
+		return r.conn.explain(fmt.Errorf("%s: %w", r.what(), err), "write key", r.m.Key(), also...)
 	}
 }
 
