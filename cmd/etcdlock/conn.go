@@ -193,6 +193,9 @@ func (c *connFlags) explain(err error, access, key string, also ...string) error
 	switch {
 	case errors.Is(err, rpctypes.ErrUserEmpty):
 		return &exitError{code: exitConnect, err: fmt.Errorf("etcd requires authentication (%w): give --user user:password, or set ETCDCTL_USER", err)}
+	case errors.Is(err, rpctypes.ErrPermissionDenied) && key == "\x00":
+		// ls "": the probe reads from the first key of all.
+		return &exitError{code: exitConnect, err: fmt.Errorf(`%w: etcd user %q may not read the whole key space, which ls "" lists (a listing needs read permission only: list a PREFIX the user may read)`, err, c.userName())}
 	case errors.Is(err, rpctypes.ErrPermissionDenied):
 		// The same exit code from every command: a script tells a refused
 		// user from a lock held or lost.

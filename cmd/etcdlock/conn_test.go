@@ -238,6 +238,13 @@ func TestAuth(t *testing.T) {
 	requireOneLineError(t, r, `permission denied: etcd user "nobody" may not read key "`+name+`/" (run and elect need readwrite permission on the keys with prefix "`+name+`/"; status, ls and elect --listen read)`)
 	r = runProc(t, nil, "status", eps, "--user", "reader:pw", name)
 	require.Equal(t, 0, r.code, r.stderr)
+	// ls "" reads every key: said so, without the key "\x00" or a
+	// readwrite hint (issue 31).
+	r = runProc(t, nil, "ls", eps, "--user", "reader:pw", "")
+	require.Equal(t, exitConnect, r.code, r.stderr)
+	requireOneLineError(t, r, `etcd user "reader" may not read the whole key space, which ls "" lists (a listing needs read permission only: list a PREFIX the user may read)`)
+	r = runProc(t, nil, "ls", eps, "--user", "reader:pw", name+"/")
+	require.Equal(t, 0, r.code, r.stderr)
 	r = runProc(t, nil, "run", eps, "--user", "reader:pw", name, "--", "true")
 	require.Equal(t, exitConnect, r.code, "a refused user: the same code from every command (issue 31)")
 	requireOneLineError(t, r, `permission denied: etcd user "reader" may not write key "`+name+`/`)
