@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -181,7 +183,35 @@ func (c *connFlags) userName() string {
 	if err != nil {
 		return c.user
 	}
+	if user == "" && c.cert != "" {
+		// With --client-cert-auth, etcd takes the client certificate's
+		// common name as the user.
+		return certCommonName(c.cert)
+	}
 	return user
+}
+
+// certCommonName returns the common name of the first certificate in the
+// PEM file, "" if it cannot be read.
+func certCommonName(file string) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return ""
+	}
+	for {
+		var blk *pem.Block
+		if blk, b = pem.Decode(b); blk == nil {
+			return ""
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		cert, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return ""
+		}
+		return cert.Subject.CommonName
+	}
 }
 
 // explain rewrites etcd's terse authorization errors into what to do about

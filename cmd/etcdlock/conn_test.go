@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
@@ -592,4 +593,105 @@ func freeAddr(t *testing.T) string {
 	require.NoError(t, err)
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// TestCertUser: a user authenticated by the common name of its client
+// certificate (etcd's --client-cert-auth) is named by it when etcd
+// refuses it permission (issue 31: it was shown as etcd user "").
+func TestCertUser(t *testing.T) {
+	t.Parallel()
+	addr, ca, certs := startMTLSEtcd(t, "root", "alice")
+	root, err := clientv3.New(clientv3.Config{Endpoints: []string{"https://" + addr}, TLS: certs["root"].tls(t, ca), DialTimeout: procTimeout})
+	require.NoError(t, err)
+	defer root.Close()
+	_, err = root.UserAdd(t.Context(), "alice", "unused")
+	require.NoError(t, err)
+	require.NoError(t, etcdtest.EnableAuth(t.Context(), root, "secret"))
+
+	name := lockName(t)
+	r := runProc(t, nil, "status", "--endpoints=https://"+addr, "--cacert", ca, "--cert", certs["alice"].cert, "--key", certs["alice"].key, name)
+	require.Equal(t, exitConnect, r.code, r.stderr)
+	requireOneLineError(t, r, `permission denied: etcd user "alice" may not read key "`+name+`/"`)
+}
+
+// A certKeyPair is a certificate file and its key file.
+type certKeyPair struct{ cert, key string }
+
+// tls returns a client TLS configuration with p, trusting ca.
+func (p certKeyPair) tls(t *testing.T, ca string) *tls.Config {
+	t.Helper()
+	cfg, err := transport.TLSInfo{CertFile: p.cert, KeyFile: p.key, TrustedCAFile: ca}.ClientConfig()
+	require.NoError(t, err)
+	return cfg
+}
+
+// startMTLSEtcd starts a one-member etcd that serves clients over TLS and
+// takes a client certificate's common name as its user
+// (--client-cert-auth), stopped at the end of the test. It returns its
+// client address host:port, its CA's file, and a client certificate for
+// each common name given.
+func startMTLSEtcd(t *testing.T, names ...string) (string, string, map[string]certKeyPair) {
+	t.Helper()
+	dir := t.TempDir()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "etcdlock test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	require.NoError(t, err)
+	caCert, err := x509.ParseCertificate(caDER)
+	require.NoError(t, err)
+	ca := filepath.Join(dir, "ca.pem")
+	require.NoError(t, os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600))
+	issue := func(serial int64, cn string, usage x509.ExtKeyUsage) certKeyPair {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+		require.NoError(t, err)
+		keyDER, err := x509.MarshalECPrivateKey(key)
+		require.NoError(t, err)
+		p := certKeyPair{filepath.Join(dir, cn+".pem"), filepath.Join(dir, cn+"-key.pem")}
+		require.NoError(t, os.WriteFile(p.cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+		require.NoError(t, os.WriteFile(p.key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600))
+		return p
+	}
+	server := issue(2, "etcdlock test server", x509.ExtKeyUsageServerAuth)
+	certs := map[string]certKeyPair{}
+	for i, n := range names {
+		certs[n] = issue(int64(3+i), n, x509.ExtKeyUsageClientAuth)
+	}
+
+	clientURL := url.URL{Scheme: "https", Host: freeAddr(t)}
+	peerURL := url.URL{Scheme: "http", Host: freeAddr(t)}
+	cfg := embed.NewConfig()
+	cfg.Name = "mtls"
+	cfg.Dir = filepath.Join(dir, "data")
+	cfg.ListenClientUrls = []url.URL{clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{clientURL}
+	cfg.ListenPeerUrls = []url.URL{peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{peerURL}
+	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
+	cfg.ClientTLSInfo = transport.TLSInfo{CertFile: server.cert, KeyFile: server.key, TrustedCAFile: ca, ClientCertAuth: true}
+	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		t.Fatalf("mTLS etcd: %v", err)
+	case <-time.After(procTimeout):
+		t.Fatal("mTLS etcd not ready")
+	}
+	return clientURL.Host, ca, certs
 }
