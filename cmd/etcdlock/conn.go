@@ -380,6 +380,10 @@ func (ep etcdEndpoint) whyUnreachable(ctx context.Context, tlsCfg *tls.Config) s
 	}
 	defer conn.Close()
 	if ep.plain || (!ep.tls && tlsCfg == nil) {
+		// A TLS port asked in plain text says nothing back: look.
+		if speaksTLS(ctx, conn) {
+			return fmt.Sprintf("%s speaks TLS: give https://%s (and --cacert, or --insecure-skip-tls-verify)", ep.addr, ep.addr)
+		}
 		return ""
 	}
 	cfg := &tls.Config{}
@@ -396,7 +400,34 @@ func (ep etcdEndpoint) whyUnreachable(ctx context.Context, tlsCfg *tls.Config) s
 		}
 		return fmt.Sprintf("TLS handshake with %s failed: %v", ep.addr, err)
 	}
+	if len(cfg.Certificates) == 0 && cfg.GetClientCertificate == nil && refusesWithoutCert(ctx, tc) {
+		return fmt.Sprintf("%s requires a client certificate: give --cert and --key", ep.addr)
+	}
 	return ""
+}
+
+// speaksTLS reports whether the server at conn, a new connection, answers
+// a TLS handshake. It uses conn: the caller dials again for anything else.
+func speaksTLS(ctx context.Context, conn net.Conn) bool {
+	tc := tls.Client(conn, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only looks whether TLS answers
+	hctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return tc.HandshakeContext(hctx) == nil
+}
+
+// refusesWithoutCert reports whether the server of tc, whose handshake
+// passed without a client certificate, then refuses it: with TLS 1.3 a
+// server that requires one says so only after the handshake, in an alert
+// that the first read meets. A server that does not waits for the client
+// to speak first: the read times out.
+func refusesWithoutCert(ctx context.Context, tc *tls.Conn) bool {
+	deadline := time.Now().Add(time.Second)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = tc.SetReadDeadline(deadline)
+	_, err := tc.Read(make([]byte, 1))
+	return err != nil && strings.Contains(err.Error(), "certificate")
 }
 
 // clientConfig returns the client configuration; it fails if the TLS

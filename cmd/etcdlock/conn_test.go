@@ -533,6 +533,11 @@ func TestInsecureSkipTLSVerify(t *testing.T) {
 	}
 	r = runProc(t, nil, "run", https, "--insecure-skip-tls-verify", name, "--", "true")
 	require.Equal(t, 0, r.code, r.stderr)
+
+	// http:// at a TLS port: the reason, not only the timeout (issue 31).
+	r = runProc(t, nil, "status", "--endpoints=http://"+addr, "--dial-timeout", "2s", name)
+	require.Equal(t, exitConnect, r.code, r.stderr)
+	requireOneLineError(t, r, addr+" speaks TLS: give https://"+addr+" (and --cacert, or --insecure-skip-tls-verify)")
 }
 
 // startTLSEtcd starts a one-member etcd that serves clients over TLS with a
@@ -612,6 +617,12 @@ func TestCertUser(t *testing.T) {
 	r := runProc(t, nil, "status", "--endpoints=https://"+addr, "--cacert", ca, "--cert", certs["alice"].cert, "--key", certs["alice"].key, name)
 	require.Equal(t, exitConnect, r.code, r.stderr)
 	requireOneLineError(t, r, `permission denied: etcd user "alice" may not read key "`+name+`/"`)
+
+	// --cacert without a client certificate, against a server that
+	// requires one: the reason, not only the timeout (issue 31).
+	r = runProc(t, nil, "status", "--endpoints=https://"+addr, "--cacert", ca, "--dial-timeout", "2s", name)
+	require.Equal(t, exitConnect, r.code, r.stderr)
+	requireOneLineError(t, r, addr+" requires a client certificate: give --cert and --key")
 }
 
 // A certKeyPair is a certificate file and its key file.
