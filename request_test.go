@@ -14,6 +14,7 @@ import (
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc/codes"
@@ -605,5 +606,22 @@ func TestReleaseRequestedWithoutPermission(t *testing.T) {
 		t.Fatal("ReleaseRequested closed with no request")
 	default:
 	}
+	require.NoError(t, m.Unlock(t.Context()))
+}
+
+// TestRequestReleasePermission: a request by a user who may read the lock
+// but not write its request keys is refused, and the error names both
+// ranges and the grants command (issue 31: it was etcd's bare error).
+func TestRequestReleasePermission(t *testing.T) {
+	t.Parallel()
+	name := "authask"
+	c := authCluster(t, name)
+	alice := c.Client(t, clientv3.Config{Username: "alice", Password: "alice-pw"})
+	m := etcdlock.NewMutex(newSession(t, alice), name)
+	require.NoError(t, m.Lock(t.Context()))
+	err := etcdlock.RequestRelease(t.Context(), alice, name)
+	require.ErrorIs(t, err, rpctypes.ErrPermissionDenied)
+	require.ErrorContains(t, err, `a release request on authask reads the keys with prefix "authask/" and writes those with prefix "__etcdlock/release/authask/"`)
+	require.ErrorContains(t, err, "'etcdlock grants --requests NAME...' prints the etcdctl lines")
 	require.NoError(t, m.Unlock(t.Context()))
 }
