@@ -2,10 +2,14 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -129,6 +133,36 @@ func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bo
 // take is lockValue's acquisition, once the call is found valid: it
 // returns the hold, which lockValue makes q's.
 func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (*hold, error) {
+	h, err := q.takeHold(ctx, mode, val, wait)
+	if errors.Is(err, rpctypes.ErrPermissionDenied) {
+		err = q.refusedErr(err)
+	}
+	return h, err
+}
+
+// refusedErr explains etcd's refusal err of a Lock of q: etcd does not
+// say which key it refused, so it names every prefix the Lock reads and
+// writes, and the command that prints the grants.
+func (q *queue) refusedErr(err error) error {
+	var pfxs []string
+	if q.set == nil {
+		pfxs = append(pfxs, strconv.Quote(q.pfx))
+	} else {
+		for _, p := range q.set.parts {
+			pfxs = append(pfxs, strconv.Quote(p.pfx))
+		}
+	}
+	grants := "etcdlock grants"
+	if q.opts.delay > 0 {
+		pfxs = append(pfxs, strconv.Quote(q.delayPfx()))
+		grants += " --lock-delay"
+	}
+	return errorf("a lock of %s reads and writes the keys with prefix %s, and its user needs readwrite permission on each ('%s NAME...' prints the etcdctl lines): %w",
+		q.label(), strings.Join(pfxs, " and "), grants, err)
+}
+
+// takeHold is take but for the explanation of a refusal.
+func (q *queue) takeHold(ctx context.Context, mode KeyMode, val string, wait bool) (*hold, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -3,8 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -96,31 +94,7 @@ func (q *queue) cause(ctx context.Context, err error) error {
 	if serr := q.s.Err(); serr != nil && ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
 		return serr
 	}
-	if errors.Is(err, rpctypes.ErrPermissionDenied) {
-		return q.refusedErr(err)
-	}
 	return err
-}
-
-// refusedErr explains etcd's refusal err of a Lock of q: etcd does not
-// say which key it refused, so it names every prefix the Lock reads and
-// writes, and the command that prints the grants.
-func (q *queue) refusedErr(err error) error {
-	var pfxs []string
-	if q.set == nil {
-		pfxs = append(pfxs, strconv.Quote(q.pfx))
-	} else {
-		for _, p := range q.set.parts {
-			pfxs = append(pfxs, strconv.Quote(p.pfx))
-		}
-	}
-	grants := "etcdlock grants"
-	if q.opts.delay > 0 {
-		pfxs = append(pfxs, strconv.Quote(q.delayPfx()))
-		grants += " --lock-delay"
-	}
-	return errorf("a lock of %s reads and writes the keys with prefix %s, and its user needs readwrite permission on each ('%s NAME...' prints the etcdctl lines): %w",
-		q.label(), strings.Join(pfxs, " and "), grants, err)
 }
 
 // pause waits *backoff, then doubles it up to maxBackoff. It returns false,
