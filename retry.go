@@ -79,15 +79,6 @@ func transient(err error) bool {
 // errProposalDropped is raft's ErrProposalDropped as etcd sends it.
 const errProposalDropped = "raft proposal dropped"
 
-// rpcErr maps etcd's "lease not found" to ErrSessionExpired.
-func (q *queue) rpcErr(err error) error {
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		q.s.lost()
-		return errorf("%w: %w", ErrSessionExpired, err)
-	}
-	return err
-}
-
 // cause returns err, or the session's end when that is what stopped a call
 // made with ctx bound to the session.
 func (q *queue) cause(ctx context.Context, err error) error {

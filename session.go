@@ -702,3 +702,12 @@ func (s *Session) unrefName(name string, nl nameLock) {
 	}
 	s.names[name] = nl
 }
+
+// rpcErr maps etcd's "lease not found" to ErrSessionExpired.
+func (q *queue) rpcErr(err error) error {
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		q.s.lost()
+		return errorf("%w: %w", ErrSessionExpired, err)
+	}
+	return err
+}

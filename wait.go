@@ -144,7 +144,7 @@ func (w *waiter) watchTurn(ctx context.Context) (*pb.ResponseHeader, error) {
 	w.own, w.ww = q.s.watcher.watchOwn(q, w.me.rev, w.me.mode.Shared)
 	w.others = q.s.watcher.watchSet(q, w.ww, w.me.rev)
 	w.watches, w.watchedFrom = nil, 0
-	defer w.unwatch(ctx)
+	defer w.stopWatches(ctx)
 	for {
 		// A pending lock delay that no waiter has started yet is
 		// started by the first that finds it (delay.go).
@@ -190,9 +190,9 @@ func (w *waiter) watchTurn(ctx context.Context) (*pb.ResponseHeader, error) {
 	}
 }
 
-// unwatch stops every watch of the waiter: its blockers', its own key's
+// stopWatches stops every watch of the waiter: its blockers', its own key's
 // and those of its set's other keys.
-func (w *waiter) unwatch(ctx context.Context) {
+func (w *waiter) stopWatches(ctx context.Context) {
 	lw := w.q.s.watcher
 	lw.stopBlockers(w.watches)
 	lw.stop(ctx, w.own)
