@@ -203,7 +203,7 @@ func (q *queue) startDelays(ctx context.Context, pd []pendingDelay) error {
 
 // writeDelay writes h's delay record, once h is admitted, if q has a
 // delay: in a Txn that succeeds only while the key is h's, sent again
-// after errors that pass. On failure the key is removed (fail).
+// after errors that pass. On failure the caller removes the key (fail).
 func (q *queue) writeDelay(ctx context.Context, rev int64) error {
 	rec := clientv3.OpPut(delayKey(q.key), delayValue(rev, ttlSeconds(q.opts.delay)))
 	backoff := minBackoff
@@ -219,7 +219,7 @@ func (q *queue) writeDelay(ctx context.Context, rev int64) error {
 			return nil
 		}
 		if err = q.rpcErr(err); !q.retryable(ctx, err) || !pause(ctx, &backoff) {
-			return q.fail(ctx, rev, errorf("write the lock delay record of %s: %w", q.key, err))
+			return errorf("write the lock delay record of %s: %w", q.key, err)
 		}
 	}
 }

@@ -199,6 +199,7 @@ func (q *queue) takeHold(ctx context.Context, mode KeyMode, val string, wait boo
 	h := &hold{rev: rev, mode: mode, hdr: hdr}
 	if q.opts.delay > 0 && !recorded {
 		if err := q.writeDelay(bctx, rev); err != nil {
+			err = q.fail(bctx, rev, err)
 			q.releaseNames()
 			return nil, q.cause(ctx, err)
 		}
