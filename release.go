@@ -3,8 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"sync"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -64,7 +62,7 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 		if ended {
 			q.reportEnd(h, err)
 		}
-		if h.maxLease() == 0 || !q.s.releaser.add(q, h, true) {
+		if h.maxLease() == 0 || !q.s.releaser.add(func() bool { return q.step(h, true) }) {
 			q.finishNow(ctx, h)
 		}
 		return err
@@ -268,7 +266,7 @@ func (q *queue) background(ctx context.Context, h *hold, op string, err error) e
 		q.h, q.last = nil, h
 	}
 	q.mu.Unlock()
-	if !q.s.releaser.add(q, h, false) {
+	if !q.s.releaser.add(func() bool { return q.step(h, false) }) {
 		// The session has ended: the key goes with its lease.
 		q.mu.Lock()
 		h.owed = false
@@ -309,7 +307,7 @@ func (q *queue) lose(h *hold, cause error) {
 		// outcome is unknown): the others would keep their names'
 		// queues waiting until the session's end. The releaser deletes
 		// those still the hold's; Unlock does not wait for it.
-		q.s.releaser.addSweep(q, h)
+		q.s.releaser.add(func() bool { return q.sweep(h) })
 	}
 	if releasing {
 		q.s.releaser.signal() // it finishes the hold
@@ -340,147 +338,6 @@ func (q *queue) finishNow(ctx context.Context, h *hold) {
 	}
 	q.revokeMaxHold(ctx, h)
 	q.releaseNames()
-}
-
-// A releaser sends, in the background, the releases that Unlock returned
-// before etcd confirmed (its ctx ended), and tidies up after losses that
-// leave a max hold lease: one goroutine per session while any is pending,
-// which sends each one's attempts in turn, with a backoff between rounds,
-// and ends when none is left or the session ends (it then ends them all:
-// their keys go with the lease). It is safe for concurrent use.
-type releaser struct {
-	s    *Session
-	wake chan struct{} // capacity 1: a release was added, or one ended
-
-	mu      sync.Mutex // guards the fields below
-	pending []pending
-	running bool
-	closed  bool          // the session has ended and waited for run: add takes nothing more
-	done    chan struct{} // closed when the last run started has returned
-}
-
-// pending is one release of the releaser, or a tidy-up after a loss.
-type pending struct {
-	q    *queue
-	h    *hold
-	tidy bool
-	// sweep: h is a set's hold that ended with one of its keys gone;
-	// delete the others still h's (see queue.lose). It leaves the hold
-	// to its owner.
-	sweep bool
-}
-
-func newReleaser(s *Session) *releaser {
-	return &releaser{s: s, wake: make(chan struct{}, 1)}
-}
-
-// add has the releaser send h's release (h is releasing), or, with tidy,
-// tidy up after its loss (h has ended, and its finishing is claimed). It
-// reports false, and takes nothing, once the session has ended.
-func (r *releaser) add(q *queue, h *hold, tidy bool) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.addLocked(pending{q: q, h: h, tidy: tidy})
-}
-
-// addSweep has the releaser delete the keys of the set's hold h, which
-// ended with one of them gone, that are still h's. It reports false, and takes
-// nothing, once the session has ended: the keys go with the lease.
-func (r *releaser) addSweep(q *queue, h *hold) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.addLocked(pending{q: q, h: h, sweep: true})
-}
-
-// addLocked is add, with r.mu held.
-func (r *releaser) addLocked(p pending) bool {
-	if r.closed || r.s.Err() != nil {
-		return false
-	}
-	r.pending = append(r.pending, p)
-	if !r.running {
-		r.running = true
-		r.done = make(chan struct{})
-		go r.run(r.done)
-	}
-	r.signal()
-	return true
-}
-
-// signal wakes the releaser.
-func (r *releaser) signal() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
-
-// flush wakes the releaser to send its pending releases now, and waits
-// until none is left or ctx ends: Session.Close calls it before it ends
-// the session, which would leave them to the lease.
-func (r *releaser) flush(ctx context.Context) {
-	r.mu.Lock()
-	running, done := r.running, r.done
-	r.mu.Unlock()
-	if !running {
-		return
-	}
-	r.signal()
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
-}
-
-// wait waits until the releaser's goroutine has returned, once the
-// session has ended: the goroutine ends every release left (their keys go
-// with the lease) and returns at once.
-func (r *releaser) wait() {
-	r.mu.Lock()
-	r.closed = true
-	running, done := r.running, r.done
-	r.mu.Unlock()
-	if running {
-		<-done
-	}
-}
-
-// run sends the pending releases until none is left.
-func (r *releaser) run(done chan struct{}) {
-	defer close(done)
-	backoff := minBackoff
-	for {
-		r.mu.Lock()
-		work := r.pending
-		r.pending = nil
-		if len(work) == 0 {
-			r.running = false
-			r.mu.Unlock()
-			return
-		}
-		r.mu.Unlock()
-		var left []pending
-		for _, p := range work {
-			if p.sweep && !p.q.sweep(p.h) || !p.sweep && !p.q.step(p.h, p.tidy) {
-				left = append(left, p)
-			}
-		}
-		r.mu.Lock()
-		r.pending = append(left, r.pending...)
-		r.mu.Unlock()
-		if len(left) == 0 {
-			backoff = minBackoff
-			continue
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-r.s.endCtx.Done():
-		case <-r.wake:
-		case <-t.C:
-		}
-		t.Stop()
-		backoff = min(2*backoff, maxBackoff)
-	}
 }
 
 // step is one round of the releaser for h: an attempt at its release, or

@@ -192,7 +192,7 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 		ev:        newReporter(o.hooks, o.logger),
 	}
 	s.watcher = newSessionWatcher(s)
-	s.releaser = newReleaser(s)
+	s.releaser = newReleaser(s.endCtx)
 	go s.keepAlive(ctx, unwatch)
 	return s, nil
 }
