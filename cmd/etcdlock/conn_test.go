@@ -565,6 +565,14 @@ func startTLSEtcd(t *testing.T) string {
 	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
 	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600))
 
+	return startEmbedTLS(t, dir, transport.TLSInfo{CertFile: certFile, KeyFile: keyFile})
+}
+
+// startEmbedTLS starts a one-member etcd in dir that serves clients over
+// TLS as tlsInfo says, stopped at the end of the test, and returns its
+// client address host:port.
+func startEmbedTLS(t *testing.T, dir string, tlsInfo transport.TLSInfo) string {
+	t.Helper()
 	clientURL := url.URL{Scheme: "https", Host: freeAddr(t)}
 	peerURL := url.URL{Scheme: "http", Host: freeAddr(t)}
 	cfg := embed.NewConfig()
@@ -575,7 +583,7 @@ func startTLSEtcd(t *testing.T) string {
 	cfg.ListenPeerUrls = []url.URL{peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{peerURL}
 	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
-	cfg.ClientTLSInfo = transport.TLSInfo{CertFile: certFile, KeyFile: keyFile}
+	cfg.ClientTLSInfo = tlsInfo
 	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
@@ -681,28 +689,6 @@ func startMTLSEtcd(t *testing.T, names ...string) (string, string, map[string]ce
 		certs[n] = issue(int64(3+i), n, x509.ExtKeyUsageClientAuth)
 	}
 
-	clientURL := url.URL{Scheme: "https", Host: freeAddr(t)}
-	peerURL := url.URL{Scheme: "http", Host: freeAddr(t)}
-	cfg := embed.NewConfig()
-	cfg.Name = "mtls"
-	cfg.Dir = filepath.Join(dir, "data")
-	cfg.ListenClientUrls = []url.URL{clientURL}
-	cfg.AdvertiseClientUrls = []url.URL{clientURL}
-	cfg.ListenPeerUrls = []url.URL{peerURL}
-	cfg.AdvertisePeerUrls = []url.URL{peerURL}
-	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
-	cfg.ClientTLSInfo = transport.TLSInfo{CertFile: server.cert, KeyFile: server.key, TrustedCAFile: ca, ClientCertAuth: true}
-	cfg.LogLevel = "error"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		t.Fatalf("mTLS etcd: %v", err)
-	case <-time.After(procTimeout):
-		t.Fatal("mTLS etcd not ready")
-	}
-	return clientURL.Host, ca, certs
+	addr := startEmbedTLS(t, dir, transport.TLSInfo{CertFile: server.cert, KeyFile: server.key, TrustedCAFile: ca, ClientCertAuth: true})
+	return addr, ca, certs
 }
