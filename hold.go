@@ -152,6 +152,30 @@ func (q *queue) unwatchedLoss(h *hold) error {
 	return nil
 }
 
+// lose ends h as lost, from the loss watch (cause: why the key went), or
+// tells the owner of its release that the key is gone (seenGone). The
+// watch is not stopped: it is the caller.
+func (q *queue) lose(h *hold, cause error) {
+	q = q.owner() // a part of a set: the set's lead owns the hold
+	q.mu.Lock()
+	ended, err := h.seenGone(cause)
+	releasing := h.state == holdReleasing || h.ended() && h.owed
+	q.mu.Unlock()
+	if ended {
+		q.reportEnd(h, err)
+	}
+	if ended && q.set != nil {
+		// One key of the set went (a loss, or during a release whose
+		// outcome is unknown): the others would keep their names'
+		// queues waiting until the session's end. The releaser deletes
+		// those still the hold's; Unlock does not wait for it.
+		q.s.releaser.add(func() bool { return q.sweep(h) })
+	}
+	if releasing {
+		q.s.releaser.signal() // it finishes the hold
+	}
+}
+
 // reportEnd tells the session's hooks and logger that h ended with err
 // (nil: released). Called once per hold, by whoever ended it, without
 // q.mu held: the hooks may call q's methods.

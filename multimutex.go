@@ -555,3 +555,16 @@ func (set *multiSet) takeWatches(h *hold) []*keyWatch {
 	set.watched, set.watches = nil, nil
 	return kws
 }
+
+// sweep is one round of the releaser for a set's hold h, which ended with
+// one of its keys gone: it deletes each other key still h's. It reports whether that
+// is done.
+func (q *queue) sweep(h *hold) bool {
+	if q.s.Err() != nil {
+		return true // they go with the lease
+	}
+	actx, cancel := context.WithTimeout(q.s.endCtx, cleanupTimeout)
+	defer cancel()
+	_, err := q.releaseTxn(actx, h.rev, false)
+	return err == nil || q.s.Err() != nil
+}

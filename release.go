@@ -290,30 +290,6 @@ func (q *queue) awaitRelease(ctx context.Context, h *hold, op string) error {
 	return q.relOf(h, op)
 }
 
-// lose ends h as lost, from the loss watch (cause: why the key went), or
-// tells the owner of its release that the key is gone (seenGone). The
-// watch is not stopped: it is the caller.
-func (q *queue) lose(h *hold, cause error) {
-	q = q.owner() // a part of a set: the set's lead owns the hold
-	q.mu.Lock()
-	ended, err := h.seenGone(cause)
-	releasing := h.state == holdReleasing || h.ended() && h.owed
-	q.mu.Unlock()
-	if ended {
-		q.reportEnd(h, err)
-	}
-	if ended && q.set != nil {
-		// One key of the set went (a loss, or during a release whose
-		// outcome is unknown): the others would keep their names'
-		// queues waiting until the session's end. The releaser deletes
-		// those still the hold's; Unlock does not wait for it.
-		q.s.releaser.add(func() bool { return q.sweep(h) })
-	}
-	if releasing {
-		q.s.releaser.signal() // it finishes the hold
-	}
-}
-
 // finishNow makes h, which has ended and whose finishing the caller
 // claimed (claimFinish), no longer the queue's: it stops its loss watch,
 // revokes its max hold lease and gives back the name, which lets the next
@@ -375,17 +351,4 @@ func (q *queue) step(h *hold, tidy bool) bool {
 		return true
 	}
 	return done
-}
-
-// sweep is one round of the releaser for a set's hold h, which ended with
-// one of its keys gone: it deletes each other key still h's. It reports whether that
-// is done.
-func (q *queue) sweep(h *hold) bool {
-	if q.s.Err() != nil {
-		return true // they go with the lease
-	}
-	actx, cancel := context.WithTimeout(q.s.endCtx, cleanupTimeout)
-	defer cancel()
-	_, err := q.releaseTxn(actx, h.rev, false)
-	return err == nil || q.s.Err() != nil
 }

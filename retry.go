@@ -27,17 +27,6 @@ const cleanupTimeout = 5 * time.Second
 // error that passes (retryable).
 const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
 
-// retryable reports whether a waiter may try again after err: a broken
-// watch, or an etcd error that passes (no leader, leader changed, a
-// timeout inside etcd, a member out of reach), while ctx and the session
-// last.
-func (q *queue) retryable(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil || q.s.Err() != nil {
-		return false
-	}
-	return transient(err)
-}
-
 // transient reports whether err passes: a broken watch, or an etcd error
 // that a later attempt may not meet.
 func transient(err error) bool {
@@ -78,15 +67,6 @@ func transient(err error) bool {
 
 // errProposalDropped is raft's ErrProposalDropped as etcd sends it.
 const errProposalDropped = "raft proposal dropped"
-
-// cause returns err, or the session's end when that is what stopped a call
-// made with ctx bound to the session.
-func (q *queue) cause(ctx context.Context, err error) error {
-	if serr := q.s.Err(); serr != nil && ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
-		return serr
-	}
-	return err
-}
 
 // pause waits *backoff, then doubles it up to maxBackoff. It returns false,
 // at once, if ctx ends first.

@@ -711,3 +711,23 @@ func (q *queue) rpcErr(err error) error {
 	}
 	return err
 }
+
+// retryable reports whether a waiter may try again after err: a broken
+// watch, or an etcd error that passes (no leader, leader changed, a
+// timeout inside etcd, a member out of reach), while ctx and the session
+// last.
+func (q *queue) retryable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || q.s.Err() != nil {
+		return false
+	}
+	return transient(err)
+}
+
+// cause returns err, or the session's end when that is what stopped a call
+// made with ctx bound to the session.
+func (q *queue) cause(ctx context.Context, err error) error {
+	if serr := q.s.Err(); serr != nil && ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
+		return serr
+	}
+	return err
+}
