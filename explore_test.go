@@ -139,6 +139,61 @@ var mutexOps = []exploreOp{
 	}},
 }
 
+// unlockClose is the shutdown after SIGTERM, across two features: Unlock
+// with a ctx that has already ended (the release goes to the background),
+// then Session.Close at once. Close sends what Unlock left before it ends
+// the session, so the release is clean and leaves no pending delay, unless
+// the hold was lost meanwhile (a fault) or etcd did not confirm the
+// release within Close's bound (checkCleanRelease).
+var unlockClose = exploreOp{"UnlockClose", false, true, func(ctx context.Context, a *actor, _ int) error {
+	m := a.p.(*etcdlock.Mutex)
+	a.mu.Lock()
+	s := a.s
+	a.mu.Unlock()
+	key, token, lost := m.Key(), m.Token(), m.Err()
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	err := m.Unlock(ended)
+	start := time.Now()
+	cerr := s.Close()
+	if token != 0 && lost == nil && time.Since(start) < 4*time.Second {
+		a.x.checkCleanRelease(key, token)
+	}
+	if errors.Is(err, context.Canceled) {
+		err = nil // the release went to the background: Close sent it
+	}
+	return errors.Join(err, cerr)
+}}
+
+// checkCleanRelease reports a pending lock delay left by the hold of key
+// created at token, which Unlock then Close released cleanly, unless a
+// fault made it pending (its end was noted) or the key was gone before
+// the release.
+func (x *schedule) checkCleanRelease(key string, token int64) {
+	ctx, cancel := context.WithTimeout(x.ctx, 10*time.Second)
+	defer cancel()
+	pending, err := x.pendingAt(ctx, 0)
+	if err != nil {
+		return
+	}
+	r, ok := pending[etcdlock.LockDelayPrefix+key]
+	if !ok || r.token != token {
+		return
+	}
+	// A fault that ended the hold notes its delay just after it: look
+	// for a moment.
+	for range 20 {
+		x.mu.Lock()
+		noted := slices.ContainsFunc(x.pending, func(n *noted) bool { return n.key == key && n.token == token })
+		x.mu.Unlock()
+		if noted {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	x.violation("Unlock with an ended ctx, then Close, left the lock delay of %s (token %d) pending: no fault ended it", key, token)
+}
+
 // lockDelays are the lock delays of the MutexDelay actors' locks, actor
 // id's the id%3-th: mostly the least that etcd's test cluster allows (its
 // least lease TTL), which keeps a waiter out for 1 to 1.5s (etcd looks for
@@ -159,7 +214,7 @@ var exploreKinds = []*exploreKind{
 		mk: func(s *etcdlock.Session, name string, id int) prim {
 			return etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(lockDelays[id%len(lockDelays)]))
 		},
-		ops:   mutexOps,
+		ops:   append(mutexOps[:len(mutexOps):len(mutexOps)], unlockClose),
 		quick: []string{"TryLock", "TryLock", "Unlock"},
 		delay: true,
 		short: 6,
