@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -234,17 +235,21 @@ func (c *connFlags) explain(err error, access, key string, also ...string) error
 			pfx = key[:i+1]
 		}
 		need := fmt.Sprintf("run and elect need readwrite permission on the keys with prefix %q; status, ls and elect --listen read", pfx)
-		if len(also) > 0 {
+		what := fmt.Sprintf("%s %q", access, key)
+		switch {
+		case len(also) > 0:
 			// The refused write may have been to another key: etcd does
 			// not say which.
-			access += fmt.Sprintf(" %q, or one of those with prefix", key)
-			key = strings.Join(also, `", "`)
-			need = fmt.Sprintf("this run needs readwrite permission on the keys with prefix %q and %q; 'etcdlock grants' prints the etcdctl lines", pfx, strings.Join(also, `", "`))
-		}
-		if strings.HasPrefix(key, etcdlock.ReleaseRequestPrefix) {
+			quoted := make([]string, len(also))
+			for i, a := range also {
+				quoted[i] = strconv.Quote(a)
+			}
+			what += ", or one of those with prefix " + strings.Join(quoted, " or ")
+			need = fmt.Sprintf("this run needs readwrite permission on the keys with prefix %q and %s; 'etcdlock grants' prints the etcdctl lines", pfx, strings.Join(quoted, " and "))
+		case strings.HasPrefix(key, etcdlock.ReleaseRequestPrefix):
 			need = fmt.Sprintf("release needs write permission on the keys with prefix %q, and read permission on the lock's", pfx)
 		}
-		return &exitError{code: exitConnect, err: fmt.Errorf("%w: etcd user %q may not %s %q (%s)", err, c.userName(), access, key, need)}
+		return &exitError{code: exitConnect, err: fmt.Errorf("%w: etcd user %q may not %s (%s)", err, c.userName(), what, need)}
 	}
 	return err
 }

@@ -107,14 +107,20 @@ func (p *progress) loop(ctx context.Context) {
 	}
 }
 
-// describeKey says who holds (or waits with) key k, as it recorded itself:
-// etcdlock run's host, pid and command, a WithIdentity, or else its key.
+// describeKey says who holds (or waits with) key k, as it recorded itself
+// (whoOf), or else its key.
 func describeKey(k etcdlock.QueueKey) string {
+	if who := whoOf(k); who != "" {
+		return who
+	}
+	return k.Key
+}
+
+// whoOf is key k's one-line description of itself: etcdlock run's host,
+// pid and command, or a WithIdentity; "" when it recorded none.
+func whoOf(k etcdlock.QueueKey) string {
 	if rec, ok := parseRunRecord(k.Identity); ok {
 		return rec.who()
 	}
-	if id := strings.Join(strings.Fields(k.Identity), " "); id != "" {
-		return id
-	}
-	return k.Key
+	return strings.Join(strings.Fields(k.Identity), " ")
 }

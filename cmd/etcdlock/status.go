@@ -183,14 +183,8 @@ type waiterJSON struct {
 	PID      int          `json:"pid,omitempty"`
 	Command  string       `json:"command,omitempty"`
 	Identity identityJSON `json:"identity,omitempty"`
-}
 
-// who is the waiter's one-line description, "" when it recorded none.
-func (w waiterJSON) who() string {
-	if w.Host != "" || w.PID != 0 || w.Command != "" {
-		return runRecord{Host: w.Host, PID: w.PID, Command: w.Command}.who()
-	}
-	return strings.Join(strings.Fields(string(w.Identity)), " ")
+	who string // its one-line description (whoOf), for the text output
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
@@ -247,7 +241,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 	name := q.Name
 	st := &statusJSON{Name: name, Revision: q.Revision, Holders: []*holderJSON{}, Waiters: []waiterJSON{}}
 	for i, k := range q.Waiters() {
-		w := waiterJSON{Position: i + 1, Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), WaitsFor: k.WaitsFor}
+		w := waiterJSON{Position: i + 1, Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), WaitsFor: k.WaitsFor, who: whoOf(k)}
 		if rec, ok := parseRunRecord(k.Identity); ok {
 			w.Host, w.PID, w.Command = rec.Host, rec.PID, rec.Command
 		} else {
@@ -360,8 +354,8 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	tw.Flush()
 	if labels == nil { // the demo's CLIENT column says who each is
 		for _, wt := range st.Waiters {
-			if who := wt.who(); who != "" {
-				fmt.Fprintf(w, "waiter %d: %s\n", wt.Position, who)
+			if wt.who != "" {
+				fmt.Fprintf(w, "waiter %d: %s\n", wt.Position, wt.who)
 			}
 		}
 	}
