@@ -2,14 +2,12 @@ package etcdlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -134,7 +132,7 @@ func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bo
 // returns the hold, which lockValue makes q's.
 func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (*hold, error) {
 	h, err := q.takeHold(ctx, mode, val, wait)
-	if errors.Is(err, rpctypes.ErrPermissionDenied) {
+	if refused(err) {
 		err = q.refusedErr(err)
 	}
 	return h, err

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -276,12 +275,4 @@ func (s *Session) awaitRequest(ctx context.Context, key string, token int64) boo
 		}
 	}
 	return false
-}
-
-// refused reports whether err is etcd refusing the user permission.
-func refused(err error) bool {
-	// A refused watch ends with an error that only carries etcd's text
-	// (the client makes it from the watch's cancel reason).
-	return errors.Is(err, rpctypes.ErrPermissionDenied) ||
-		err != nil && strings.HasSuffix(err.Error(), rpctypes.ErrPermissionDenied.Error())
 }

@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -97,4 +98,12 @@ func pauseOr(ctx context.Context, backoff *time.Duration, stop <-chan struct{}) 
 	case <-t.C:
 	}
 	*backoff = min(2**backoff, maxBackoff)
+}
+
+// refused reports whether err is etcd refusing the user permission.
+func refused(err error) bool {
+	// A refused watch ends with an error that only carries etcd's text
+	// (the client makes it from the watch's cancel reason).
+	return errors.Is(err, rpctypes.ErrPermissionDenied) ||
+		err != nil && strings.HasSuffix(err.Error(), rpctypes.ErrPermissionDenied.Error())
 }
