@@ -190,6 +190,7 @@ func (q *queue) reportEnd(h *hold, err error) {
 	ev.holdDone(HoldDoneInfo{
 		LockInfo: LockInfo{Kind: h.kind, Name: q.label(), Mode: mode},
 		Token:    h.rev,
+		Key:      q.owner().key,
 		Held:     monotime() - h.since,
 		End:      q.s.holdEnd(err),
 		Err:      err,

@@ -139,6 +139,9 @@ type LockInfo struct {
 type AcquireStartInfo struct {
 	LockInfo
 	Wait bool // false for TryLock, TryRLock and TryAcquire
+	// Context is the ctx the call was given (Do's, Lead's): a tracer takes
+	// the parent span from it. A hook must not keep it past its return.
+	Context context.Context
 }
 
 // AcquireDoneInfo is the event of Hooks.AcquireDone.
@@ -149,6 +152,12 @@ type AcquireDoneInfo struct {
 	Outcome AcquireOutcome
 	Err     error // what the call returns: nil when Acquired
 	Token   int64 // the hold's fencing token (see Mutex.Token) when Acquired, else 0
+	// Key is the hold's key in etcd when Acquired (a MultiMutex's: its
+	// first name's), else "". With Token it names the hold: the HoldDone
+	// of this hold has the same two, so a tracer pairs them.
+	Key string
+	// Context is the ctx the call was given, as in AcquireStartInfo.
+	Context context.Context
 }
 
 // AcquireOutcome is how an acquisition ended.
@@ -192,6 +201,7 @@ func outcome(ctx context.Context, err error) AcquireOutcome {
 type HoldDoneInfo struct {
 	LockInfo // Kind as acquired: a downgraded write lock stays KindRWMutexWrite (its Mode is shared)
 	Token    int64
+	Key      string        // as in the AcquireDoneInfo that reported the hold acquired
 	Held     time.Duration // from acquisition to the end (for a loss, to when it was learnt)
 	End      HoldEnd
 	Err      error // the loss, matching ErrLockLost; nil when Released

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -98,9 +99,10 @@ func (r *recorder) waitFor(t *testing.T, what string, within time.Duration, cond
 	}
 }
 
-// acquired asserts the newest acquisition r saw was one start and one
-// done, acquired, of kind on name, with token.
-func (r *recorder) requireAcquired(t *testing.T, before [4]int, kind etcdlock.Kind, name string, token int64) {
+// requireAcquired asserts the newest acquisition r saw was one start and
+// one done, acquired, of kind on name, with token and key, each event
+// carrying the call's ctx.
+func (r *recorder) requireAcquired(t *testing.T, before [4]int, kind etcdlock.Kind, name string, token int64, key string) {
 	t.Helper()
 	require.Equal(t, [4]int{before[0] + 1, before[1] + 1, before[2], before[3]}, r.counts(), "one AcquireStart and one AcquireDone")
 	d := r.lastDone()
@@ -109,13 +111,23 @@ func (r *recorder) requireAcquired(t *testing.T, before [4]int, kind etcdlock.Ki
 	require.Equal(t, kind, d.Kind)
 	require.Equal(t, name, d.Name)
 	require.Equal(t, token, d.Token)
+	require.Equal(t, key, d.Key)
 	require.Positive(t, d.Waited)
 	r.mu.Lock()
 	s := r.starts[len(r.starts)-1]
 	r.mu.Unlock()
 	require.Equal(t, d.LockInfo, s.LockInfo)
 	require.Equal(t, d.Wait, s.Wait)
+	require.Equal(t, callMark{}, s.Context.Value(callMark{}), "AcquireStart has the call's ctx")
+	require.Equal(t, callMark{}, d.Context.Value(callMark{}), "AcquireDone has the call's ctx")
 }
+
+// callMark is a ctx value the hooks tests give their calls, so that the
+// events can be shown to carry the call's ctx, not another.
+type callMark struct{}
+
+// marked returns ctx with callMark.
+func marked(ctx context.Context) context.Context { return context.WithValue(ctx, callMark{}, callMark{}) }
 
 // requireHoldDone asserts r saw exactly one more HoldDone than before,
 // ending as end, of kind with token.
@@ -127,6 +139,12 @@ func (r *recorder) requireHoldDone(t *testing.T, before [4]int, kind etcdlock.Ki
 	require.Equal(t, kind, h.Kind)
 	require.Equal(t, token, h.Token)
 	require.Positive(t, h.Held)
+	r.mu.Lock()
+	acquired := slices.ContainsFunc(r.dones, func(d etcdlock.AcquireDoneInfo) bool {
+		return d.Outcome == etcdlock.Acquired && d.Key == h.Key && d.Token == h.Token && d.LockInfo.Name == h.Name
+	})
+	r.mu.Unlock()
+	require.True(t, acquired, "the HoldDone's Key and Token are its AcquireDone's")
 	if end.Lost() {
 		require.ErrorIs(t, h.Err, etcdlock.ErrLockLost)
 	} else {
@@ -142,14 +160,14 @@ func TestHooksAcquireRelease(t *testing.T) {
 	rec, second := newRecorder(), newRecorder()
 	s := newSession(t, cli, etcdlock.WithHooks(rec.hooks()), etcdlock.WithHooks(second.hooks()))
 	other := newSession(t, cli)
-	ctx := t.Context()
+	ctx := marked(t.Context())
 
 	t.Run("Mutex", func(t *testing.T) {
 		name := lockName(t)
 		m := etcdlock.NewMutex(s, name)
 		c := rec.counts()
 		require.NoError(t, m.Lock(ctx))
-		rec.requireAcquired(t, c, etcdlock.KindMutex, name, m.Token())
+		rec.requireAcquired(t, c, etcdlock.KindMutex, name, m.Token(), m.Key())
 		token := m.Token()
 		c = rec.counts()
 		require.NoError(t, m.Unlock(ctx))
@@ -198,7 +216,7 @@ func TestHooksAcquireRelease(t *testing.T) {
 		m := etcdlock.NewRWMutex(s, name)
 		c := rec.counts()
 		require.NoError(t, m.RLock(ctx))
-		rec.requireAcquired(t, c, etcdlock.KindRWMutexRead, name, m.Token())
+		rec.requireAcquired(t, c, etcdlock.KindRWMutexRead, name, m.Token(), m.Key())
 		require.True(t, rec.lastDone().Mode.Shared)
 		token := m.Token()
 		c = rec.counts()
@@ -207,7 +225,7 @@ func TestHooksAcquireRelease(t *testing.T) {
 
 		c = rec.counts()
 		require.NoError(t, m.Lock(ctx))
-		rec.requireAcquired(t, c, etcdlock.KindRWMutexWrite, name, m.Token())
+		rec.requireAcquired(t, c, etcdlock.KindRWMutexWrite, name, m.Token(), m.Key())
 		token = m.Token()
 		require.NoError(t, m.Downgrade(ctx))
 		c = rec.counts()
@@ -221,7 +239,7 @@ func TestHooksAcquireRelease(t *testing.T) {
 		sem := etcdlock.NewSemaphore(s, name, 3)
 		c := rec.counts()
 		require.NoError(t, sem.Acquire(ctx, 2))
-		rec.requireAcquired(t, c, etcdlock.KindSemaphore, name, sem.Token())
+		rec.requireAcquired(t, c, etcdlock.KindSemaphore, name, sem.Token(), sem.Key())
 		require.Equal(t, etcdlock.KeyMode{Weight: 2, Capacity: 3}, rec.lastDone().Mode)
 		token := sem.Token()
 		c = rec.counts()
@@ -234,7 +252,7 @@ func TestHooksAcquireRelease(t *testing.T) {
 		e := etcdlock.NewElection(s, name)
 		c := rec.counts()
 		require.NoError(t, e.Campaign(ctx, "a"))
-		rec.requireAcquired(t, c, etcdlock.KindElection, name, e.Token())
+		rec.requireAcquired(t, c, etcdlock.KindElection, name, e.Token(), e.Key())
 		token := e.Token()
 		c = rec.counts()
 		require.NoError(t, e.Campaign(ctx, "b"), "a leader's Campaign proclaims")
@@ -243,6 +261,18 @@ func TestHooksAcquireRelease(t *testing.T) {
 		rec.requireHoldDone(t, c, etcdlock.KindElection, token, etcdlock.Released)
 		require.NoError(t, e.Resign(ctx))
 		require.Equal(t, c[2]+1, rec.counts()[2])
+	})
+
+	t.Run("MultiMutex", func(t *testing.T) {
+		a, b := lockName(t)+"a", lockName(t)+"b"
+		m := etcdlock.NewMultiMutex(s, []string{a, b})
+		c := rec.counts()
+		require.NoError(t, m.Lock(ctx))
+		rec.requireAcquired(t, c, etcdlock.KindMultiMutex, a+","+b, m.Token(), m.Keys()[0])
+		token := m.Token()
+		c = rec.counts()
+		require.NoError(t, m.Unlock(ctx))
+		rec.requireHoldDone(t, c, etcdlock.KindMultiMutex, token, etcdlock.Released)
 	})
 
 	t.Run("InvalidCalls", func(t *testing.T) {
@@ -536,8 +566,8 @@ func TestHooksElectionLoss(t *testing.T) {
 	name := lockName(t)
 	e := etcdlock.NewElection(s, name)
 	c := rec.counts()
-	require.NoError(t, e.Campaign(t.Context(), "v"))
-	rec.requireAcquired(t, c, etcdlock.KindElection, name, e.Token())
+	require.NoError(t, e.Campaign(marked(t.Context()), "v"))
+	rec.requireAcquired(t, c, etcdlock.KindElection, name, e.Token(), e.Key())
 	token := e.Token()
 	c = rec.counts()
 	e.Done()

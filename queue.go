@@ -109,14 +109,14 @@ func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bo
 	if mode.Shared {
 		li.Kind = KindRWMutexRead
 	}
-	ev.acquireStart(AcquireStartInfo{LockInfo: li, Wait: wait})
+	ev.acquireStart(AcquireStartInfo{LockInfo: li, Wait: wait, Context: ctx})
 	start := monotime()
 	h, err := q.take(ctx, mode, val, wait)
-	done := AcquireDoneInfo{LockInfo: li, Wait: wait, Outcome: outcome(ctx, err), Err: err}
+	done := AcquireDoneInfo{LockInfo: li, Wait: wait, Outcome: outcome(ctx, err), Err: err, Context: ctx}
 	now := monotime()
 	done.Waited = now - start
 	if h != nil {
-		h.kind, h.since, done.Token = li.Kind, now, h.rev
+		h.kind, h.since, done.Token, done.Key = li.Kind, now, h.rev, q.owner().key
 	}
 	// Called before the hold is q's: its HoldDone cannot come first.
 	ev.acquireDone(done)
