@@ -127,7 +127,9 @@ func (r *recorder) requireAcquired(t *testing.T, before [4]int, kind etcdlock.Ki
 type callMark struct{}
 
 // marked returns ctx with callMark.
-func marked(ctx context.Context) context.Context { return context.WithValue(ctx, callMark{}, callMark{}) }
+func marked(ctx context.Context) context.Context {
+	return context.WithValue(ctx, callMark{}, callMark{})
+}
 
 // requireHoldDone asserts r saw exactly one more HoldDone than before,
 // ending as end, of kind with token.
