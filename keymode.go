@@ -143,8 +143,7 @@ type entry struct {
 //     and no key changes its mode in place).
 type rule func(me entry, ahead []entry) (blockers []entry)
 
-// rule returns the grant rule of a key of mode m. Each lives in its
-// primitive's file.
+// rule returns the grant rule of a key of mode m.
 func (m KeyMode) rule() rule {
 	switch {
 	case m.Shared:
@@ -153,6 +152,57 @@ func (m KeyMode) rule() rule {
 		return admitWeighted
 	}
 	return admitExclusive
+}
+
+// admitExclusive is the rule of a Mutex and of an RWMutex's write lock:
+// it holds when nothing is ahead. The blocker is the key just ahead: when
+// it goes, the next key ahead (if any) becomes the blocker, so a release
+// wakes exactly one waiter. It reads no modes: any key ahead blocks.
+func admitExclusive(_ entry, ahead []entry) []entry {
+	if len(ahead) == 0 {
+		return nil
+	}
+	return ahead[:1]
+}
+
+// admitShared is the rule of an RWMutex's read lock: it holds when every
+// key ahead is a read lock. The blocker is the newest other key ahead, "the
+// last writer ahead": readers between it and me cannot keep me out, so
+// their release must not wake me. When that writer goes, I am admitted or
+// the next writer ahead becomes my blocker.
+func admitShared(_ entry, ahead []entry) []entry {
+	for i, e := range ahead {
+		if !e.mode.Shared {
+			return ahead[i : i+1]
+		}
+	}
+	return nil
+}
+
+// admitWeighted is the rule of a Semaphore's permits: they hold when the
+// weights ahead plus their own fit the smallest capacity among themselves
+// and every entry ahead (so whenever a client holds, the total held is at
+// most its own capacity, whatever capacity the others were configured
+// with). The blockers are the nearest entries ahead that, with me, already
+// exceed it: "the window". While each of them exists I am out, whatever
+// else leaves (the window's own excess stays), so a waiter watches only
+// its window. A key that is not a permit (weight infinite) excludes me
+// alone.
+func admitWeighted(me entry, ahead []entry) []entry {
+	limit := me.mode.Capacity
+	var sum int64 // weights of ahead[:i]; never above limit-me.mode.Weight
+	for i, e := range ahead {
+		if e.mode.Weight == 0 {
+			return ahead[i : i+1]
+		}
+		limit = min(limit, e.mode.Capacity)
+		// Written as a difference: weights up to MaxInt64 cannot overflow.
+		if limit < me.mode.Weight || e.mode.Weight > limit-me.mode.Weight-sum {
+			return ahead[:i+1]
+		}
+		sum += e.mode.Weight
+	}
+	return nil
 }
 
 // Holders reports how many keys of a lock's queue, given by their modes

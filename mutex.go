@@ -120,14 +120,3 @@ func (m *Mutex) Unlock(ctx context.Context) error { return m.unlock(ctx, nil, "U
 func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	return m.do(ctx, KeyMode{}, fn)
 }
-
-// admitExclusive is the rule of a Mutex and of an RWMutex's write lock:
-// it holds when nothing is ahead. The blocker is the key just ahead: when
-// it goes, the next key ahead (if any) becomes the blocker, so a release
-// wakes exactly one waiter. It reads no modes: any key ahead blocks.
-func admitExclusive(_ entry, ahead []entry) []entry {
-	if len(ahead) == 0 {
-		return nil
-	}
-	return ahead[:1]
-}
