@@ -7,10 +7,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Placing a key in the queue, and removing it after a failed Lock. A
-// write that places a key must not be given up while its outcome is
-// unknown (writeCtx): a key left behind would block the queue for as long
-// as the session lives.
+// Placing a key in the queue, and waiting for its turn (acquire; for a
+// MultiMutex, acquireSet: every key in one Txn), and removing the keys
+// after a failed Lock. A write that places a key must not be given up
+// while its outcome is unknown (writeCtx): a key left behind would block
+// the queue for as long as the session lives.
 
 // acquire joins the queue in mode and waits for its turn. It returns the
 // create revision of the key and the header of the response that showed
@@ -282,6 +283,148 @@ func (q *queue) remove(ctx context.Context, rev int64) error {
 				return nil
 			}
 			return errorf("remove %s after failed lock: %w", q.key, err)
+		}
+	}
+}
+
+// acquireSet is acquire for a set: it puts every key in one Txn and waits
+// for each name's turn. Every key ahead of one of ours was created before
+// it, so the waits form no cycle; and a name admitted stays admitted
+// while our keys stay (keys ahead only leave), so waiting for the names
+// one after the other holds them all once the last is in. Every read
+// after the Txn checks all our keys, so the last one's header shows the
+// whole set held. On failure it leaves no key.
+func (q *queue) acquireSet(ctx context.Context, val string) (int64, *pb.ResponseHeader, error) {
+	rev, pages, hdr, err := q.placeSet(ctx, val)
+	if err != nil {
+		return 0, nil, err
+	}
+	// Read every queue before waiting in any: most need no more pages.
+	ws := make([]waiter, len(q.set.parts))
+	for i, p := range q.set.parts {
+		w := &ws[i]
+		w.q, w.me = p, entry{key: p.key, rev: rev}
+		w.read, err = p.scan(ctx, w.me, pages[i], nil, hdr)
+		if q.retryable(ctx, err) {
+			backoff := minBackoff
+			w.read, err = w.reread(ctx, &backoff)
+		}
+		if err != nil {
+			return 0, nil, q.fail(ctx, rev, err)
+		}
+	}
+	for i := range ws {
+		w := &ws[i]
+		h := w.read.hdr
+		if len(w.read.blockers) > 0 {
+			if h, err = w.wait(ctx); err != nil {
+				return 0, nil, q.fail(ctx, rev, err)
+			}
+		}
+		if h.Revision > hdr.Revision {
+			hdr = h
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, q.fail(ctx, rev, err)
+	}
+	return rev, hdr, nil
+}
+
+// placeSet puts every key of the set, and returns their create revision
+// and the first page of each name's queue, read in the same Txn, whose
+// response has header hdr. A Txn sent again after its answer was lost
+// finds every key ours at one create revision and keeps that place. Keys
+// of this session left otherwise (by a cleanup that could not reach etcd,
+// or bound to another lease) are removed, and the set placed anew. On
+// failure it leaves no key.
+func (q *queue) placeSet(ctx context.Context, val string) (rev int64, pages []*pb.RangeResponse, hdr *pb.ResponseHeader, err error) {
+	n := len(q.set.parts)
+	for attempt := 0; ; attempt++ {
+		resp, err := q.join(ctx, KeyMode{}, val)
+		if err != nil {
+			return 0, nil, nil, q.fail(ctx, 0, err)
+		}
+		pages = make([]*pb.RangeResponse, n)
+		for i := range pages {
+			pages[i] = resp.Responses[n+i].GetResponseRange()
+		}
+		if resp.Succeeded {
+			return resp.Header.Revision, pages, resp.Header, nil
+		}
+		revs := make([]int64, n)
+		placed := true
+		for i := range revs {
+			kvs := resp.Responses[i].GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				placed = false
+				continue
+			}
+			kv := kvs[0]
+			revs[i] = kv.CreateRevision
+			placed = placed && revs[i] == revs[0] && string(kv.Value) == q.set.parts[i].partValue(val) && kv.Lease == int64(q.s.Lease())
+		}
+		if placed {
+			return revs[0], pages, resp.Header, nil
+		}
+		if attempt > 0 {
+			// Only this process uses these keys, and the session's
+			// rights to the names keep its other locks off them.
+			return 0, nil, nil, q.fail(ctx, 0, errorf("keys of %s were left in place between two round trips", q.set.label))
+		}
+		if err := q.removeLeft(ctx, revs); err != nil {
+			return 0, nil, nil, err
+		}
+	}
+}
+
+// placeSetTxn is place for a set: it puts every key unless one of them
+// exists, and reads the newest keys of every name's queue; otherwise it
+// reads the keys that exist, and the queues.
+//
+//go:noinline
+func (q *queue) placeSetTxn(ctx context.Context, val string) (*clientv3.TxnResponse, error) {
+	n := len(q.set.parts)
+	cmps := make([]clientv3.Cmp, n)
+	then := make([]clientv3.Op, 2*n)
+	orElse := make([]clientv3.Op, 2*n)
+	for i, p := range q.set.parts {
+		cmps[i] = clientv3.Compare(clientv3.CreateRevision(p.key), "=", 0)
+		then[i] = clientv3.OpPut(p.key, p.partValue(val), clientv3.WithLease(q.s.Lease()))
+		orElse[i] = clientv3.OpGet(p.key)
+		then[n+i] = p.opQueue(KeyMode{}, 0)
+		orElse[n+i] = then[n+i]
+	}
+	wctx, cancel := q.writeCtx(ctx)
+	defer cancel()
+	return q.s.cli.Txn(wctx).If(cmps...).Then(then...).Else(orElse...).Commit()
+}
+
+// removeLeft deletes the keys of the set found left in place (revs[i],
+// the create revision of parts[i]'s key; 0 for none), each only if it is
+// still the one found, as remove does.
+func (q *queue) removeLeft(ctx context.Context, revs []int64) error {
+	var dels []clientv3.Op
+	for i, p := range q.set.parts {
+		if revs[i] != 0 {
+			dels = append(dels, clientv3.OpTxn(
+				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(p.key), "=", revs[i])},
+				[]clientv3.Op{clientv3.OpDelete(p.key)}, nil))
+		}
+	}
+	cctx, cancel := q.writeCtx(ctx)
+	defer cancel()
+	backoff := minBackoff
+	for {
+		_, err := q.s.cli.Txn(cctx).Then(dels...).Commit()
+		if err == nil || q.s.Err() != nil {
+			return nil
+		}
+		if !q.retryable(cctx, err) || !pause(cctx, &backoff) {
+			if q.s.Err() != nil {
+				return nil
+			}
+			return errorf("remove keys left of %s: %w", q.set.label, err)
 		}
 	}
 }

@@ -142,14 +142,7 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 // say which key it refused, so it names every prefix the Lock reads and
 // writes, and the command that prints the grants.
 func (q *queue) refusedErr(err error) error {
-	var pfxs []string
-	if q.set == nil {
-		pfxs = append(pfxs, strconv.Quote(q.pfx))
-	} else {
-		for _, p := range q.set.parts {
-			pfxs = append(pfxs, strconv.Quote(p.pfx))
-		}
-	}
+	pfxs := q.quotedPrefixes()
 	grants := "etcdlock grants"
 	if q.opts.delay > 0 {
 		pfxs = append(pfxs, strconv.Quote(q.delayPfx()))
@@ -234,55 +227,6 @@ func (q *queue) validate() error {
 	return checkName(q.name)
 }
 
-// acquireNames takes the session-local right to queue for q's name (see
-// Session.acquireName), or for every name of its set, in the order of the
-// names: two sets of one session that share names take them in the same
-// order, so neither waits for the other while holding a right it needs.
-// Without wait, it takes none if one is taken. Give them back with
-// releaseNames.
-func (q *queue) acquireNames(ctx context.Context, wait bool) error {
-	if q.set == nil {
-		return q.s.acquireName(ctx, q.name, wait)
-	}
-	for i, j := range q.set.order {
-		if err := q.s.acquireName(ctx, q.set.parts[j].name, wait); err != nil {
-			for _, k := range q.set.order[:i] {
-				q.s.releaseName(q.set.parts[k].name)
-			}
-			return err
-		}
-	}
-	return nil
-}
-
-// releaseNames gives back the rights acquireNames took.
-func (q *queue) releaseNames() {
-	if q.set == nil {
-		q.s.releaseName(q.name)
-		return
-	}
-	for _, p := range q.set.parts {
-		q.s.releaseName(p.name)
-	}
-}
-
-// label is q's name in events (LockInfo.Name): its name, or its set's
-// names joined by ",".
-func (q *queue) label() string {
-	if q.set != nil {
-		return q.set.label
-	}
-	return q.name
-}
-
-// owner returns the queue that owns q's hold: q, or its set's lead.
-func (q *queue) owner() *queue {
-	if q.set != nil {
-		return q.set.lead
-	}
-	return q
-}
-
 // IsOwner returns a comparison that holds only while the current hold is
 // current: use it in Txn().If to make a write conditional on the lock.
 // When nothing is held the comparison never holds. Under an RWMutex's read
@@ -324,4 +268,21 @@ func (q *queue) Token() int64 {
 		return 0
 	}
 	return q.h.rev
+}
+
+// label is q's name in events (LockInfo.Name): its name, or its set's
+// names joined by ",".
+func (q *queue) label() string {
+	if q.set != nil {
+		return q.set.label
+	}
+	return q.name
+}
+
+// owner returns the queue that owns q's hold: q, or its set's lead.
+func (q *queue) owner() *queue {
+	if q.set != nil {
+		return q.set.lead
+	}
+	return q
 }

@@ -3,8 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // The release of a hold, by Unlock or by the session's releaser. The
@@ -175,25 +173,6 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 		return true, q.endRelease(ctx, h, nil, false, op)
 	}
 	return false, err
-}
-
-// releaseTxn deletes the keys of the hold created at rev: q's key if its
-// create revision is still rev; for a set, each key of the set that still
-// has it. It succeeds when every key had it. A clean release (an
-// Unlock's) deletes the hold's lock delay record with its key; the
-// tidying after a loss leaves it, so that the delay holds.
-func (q *queue) releaseTxn(ctx context.Context, rev int64, clean bool) (*clientv3.TxnResponse, error) {
-	if q.set == nil {
-		del := []clientv3.Op{clientv3.OpDelete(q.key)}
-		if clean && q.opts.delay > 0 {
-			del = append(del, clientv3.OpDelete(delayKey(q.key)))
-		}
-		return q.s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).
-			Then(del...).
-			Commit()
-	}
-	return q.s.cli.Txn(ctx).If(q.ownCmps(rev)...).Then(q.deletes(0)...).Else(q.deletes(rev)...).Commit()
 }
 
 // relOf is what Unlock (op) returns for h's release, which has ended: nil

@@ -11,7 +11,8 @@ import (
 )
 
 // The Try forms: a read-only Txn that answers "held" with no write, or a
-// put guarded so that it takes the hold only as that read found it.
+// put guarded so that it takes the hold only as that read found it; for a
+// MultiMutex, the same over every name of the set at once.
 
 // tryAcquire takes a hold in mode only if it is admitted at once, and
 // writes nothing otherwise. It is admitted if its rule admits it behind
@@ -179,4 +180,90 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 	wctx, cancel := q.writeCtx(ctx)
 	defer cancel()
 	return q.s.cli.Txn(wctx).If(cmps...).Then(then...).Else(first...).Commit()
+}
+
+// tryAcquireSet is tryAcquire for a set: it takes every name only if each
+// name's queue is empty but for nested locks' keys, in one read-only Txn
+// and one write guarded by every name's prefix, and writes nothing
+// otherwise. Keys of this session left under the names (by a cleanup that
+// could not reach etcd) are removed first.
+func (q *queue) tryAcquireSet(ctx context.Context, val string) (int64, *pb.ResponseHeader, error) {
+	n := len(q.set.parts)
+	first := make([]clientv3.Op, 2*n)
+	for i, p := range q.set.parts {
+		first[i] = p.opQueue(KeyMode{}, 0)
+		first[n+i] = clientv3.OpGet(p.key, clientv3.WithKeysOnly())
+	}
+	resp, err := q.tryReadTxn(ctx, first)
+	if err != nil {
+		return 0, nil, err
+	}
+	backoff := minBackoff
+	for changed := 0; changed < 5; {
+		blocked, left, rev, err := q.tryReadSet(ctx, resp)
+		if again, rerr := q.tryAgain(ctx, err, &backoff, &changed, first, &resp); again || rerr != nil {
+			if rerr != nil {
+				return 0, nil, rerr
+			}
+			continue
+		}
+		if blocked {
+			return 0, nil, ErrLocked
+		}
+		if left != nil {
+			if err := q.removeLeft(ctx, left); err != nil {
+				return 0, nil, err
+			}
+			if resp, err = q.tryReadTxn(ctx, first); err != nil {
+				return 0, nil, err
+			}
+			changed++
+			continue
+		}
+		// Free at the read's revision in every queue: take it only if
+		// nothing under any of the prefixes changed since.
+		cmps := make([]clientv3.Cmp, n)
+		for i, p := range q.set.parts {
+			cmps[i] = clientv3.Compare(clientv3.ModRevision(p.pfx), "<", rev+1).WithPrefix()
+		}
+		wctx, cancel := q.writeCtx(ctx)
+		tresp, err := q.s.cli.Txn(wctx).If(cmps...).Then(q.puts(val, q.s.Lease())...).Else(first...).Commit()
+		cancel()
+		if err != nil {
+			return 0, nil, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
+		}
+		if tresp.Succeeded {
+			if err := ctx.Err(); err != nil {
+				return 0, nil, q.fail(ctx, tresp.Header.Revision, err)
+			}
+			return tresp.Header.Revision, tresp.Header, nil
+		}
+		resp = tresp
+		changed++
+	}
+	return 0, nil, ErrLocked
+}
+
+// tryReadSet judges a set's Try from resp, the answer to its read-only
+// Txn (each queue's first page, then each of our keys): whether a key
+// ahead keeps it out of any queue, the create revisions of our keys left
+// in place (nil when none is), and the revision of the read.
+func (q *queue) tryReadSet(ctx context.Context, resp *clientv3.TxnResponse) (blocked bool, left []int64, rev int64, _ error) {
+	n := len(q.set.parts)
+	for i, p := range q.set.parts {
+		if kvs := resp.Responses[n+i].GetResponseRange().Kvs; len(kvs) > 0 {
+			if left == nil {
+				left = make([]int64, n)
+			}
+			left[i] = kvs[0].CreateRevision
+		}
+		read, err := p.scan(ctx, entry{key: p.key}, resp.Responses[i].GetResponseRange(), nil, resp.Header)
+		if err != nil {
+			return false, nil, 0, err
+		}
+		if len(read.blockers) > 0 {
+			return true, nil, 0, nil
+		}
+	}
+	return false, left, resp.Header.Revision, nil
 }
