@@ -206,22 +206,23 @@ func (q *queue) startDelays(ctx context.Context, pd []pendingDelay) error {
 // after errors that pass. On failure the caller removes the key (fail).
 func (q *queue) writeDelay(ctx context.Context, rev int64) error {
 	rec := clientv3.OpPut(delayKey(q.key), delayValue(rev, ttlSeconds(q.opts.delay)))
-	backoff := minBackoff
-	for {
+	_, err := retry(ctx, q.passes(ctx), func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		resp, err := q.s.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).
 			Then(rec).
 			Commit()
-		if err == nil && !resp.Succeeded {
-			err = errorf("%w: %w", ErrLockLost, q.whyKeyGone(ctx, 0))
+		switch {
+		case err != nil:
+			return nil, q.rpcErr(err)
+		case !resp.Succeeded:
+			return nil, errorf("%w: %w", ErrLockLost, q.whyKeyGone(ctx, 0))
 		}
-		if err == nil {
-			return nil
-		}
-		if err = q.rpcErr(err); !q.retryable(ctx, err) || !pause(ctx, &backoff) {
-			return errorf("write the lock delay record of %s: %w", q.key, err)
-		}
+		return resp, nil
+	})
+	if err != nil {
+		return errorf("write the lock delay record of %s: %w", q.key, err)
 	}
+	return nil
 }
 
 // opDropDelay deletes the delay record of the hold created at rev, if

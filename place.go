@@ -114,17 +114,17 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 // caller removes the key, if any, by name), or an error matching
 // ErrSessionExpired that says the key is left to the lease.
 func (q *queue) join(ctx context.Context, mode KeyMode, val string) (*clientv3.TxnResponse, error) {
-	backoff := minBackoff
-	for {
+	resp, err := retry(ctx, q.passes(ctx), func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		resp, err := q.place(ctx, mode, val)
-		if err == nil {
-			return resp, nil
+		if err != nil {
+			return nil, q.rpcErr(err)
 		}
-		err = q.rpcErr(err)
-		if !q.retryable(ctx, err) || !pause(ctx, &backoff) {
-			return nil, q.unknownWrite(ctx, err)
-		}
+		return resp, nil
+	})
+	if err != nil {
+		return nil, q.unknownWrite(ctx, err)
 	}
+	return resp, nil
 }
 
 // place is acquire's round trip: it puts the key in mode unless this
@@ -191,22 +191,16 @@ func (q *queue) unknownWrite(ctx context.Context, err error) error {
 // remove sends its Delete: again after errors that pass, while the
 // session lasts.
 func (q *queue) ownRev(ctx context.Context) (int64, error) {
-	backoff := minBackoff
-	for {
-		resp, err := q.s.cli.Get(ctx, q.key, clientv3.WithKeysOnly())
-		if err == nil {
-			if len(resp.Kvs) == 0 {
-				return 0, nil
-			}
-			return resp.Kvs[0].CreateRevision, nil
-		}
-		if q.s.Err() != nil {
-			return 0, nil
-		}
-		if !q.retryable(ctx, err) || !pause(ctx, &backoff) {
-			return 0, errorf("read %s to remove it after failed lock: %w", q.key, err)
-		}
+	resp, err := retry(ctx, q.passes(ctx), func(ctx context.Context) (*clientv3.GetResponse, error) {
+		return q.s.cli.Get(ctx, q.key, clientv3.WithKeysOnly())
+	})
+	switch {
+	case err == nil && len(resp.Kvs) == 0, err != nil && q.s.Err() != nil:
+		return 0, nil
+	case err == nil:
+		return resp.Kvs[0].CreateRevision, nil
 	}
+	return 0, errorf("read %s to remove it after failed lock: %w", q.key, err)
 }
 
 // writeCtx returns a context for a write whose outcome must be known: it
@@ -272,19 +266,13 @@ func (q *queue) remove(ctx context.Context, rev int64) error {
 		// The record goes whether the key is still ours or not.
 		cmps, dels = nil, []clientv3.Op{clientv3.OpTxn(cmps, dels, nil), q.opDropDelay(rev)}
 	}
-	backoff := minBackoff
-	for {
-		_, err := q.s.cli.Txn(cctx).If(cmps...).Then(dels...).Commit()
-		if err == nil || q.s.Err() != nil {
-			return nil
-		}
-		if !q.retryable(cctx, err) || !pause(cctx, &backoff) {
-			if q.s.Err() != nil {
-				return nil
-			}
-			return errorf("remove %s after failed lock: %w", q.key, err)
-		}
+	_, err := retry(cctx, q.passes(cctx), func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return q.s.cli.Txn(ctx).If(cmps...).Then(dels...).Commit()
+	})
+	if err == nil || q.s.Err() != nil {
+		return nil
 	}
+	return errorf("remove %s after failed lock: %w", q.key, err)
 }
 
 // acquireSet is acquire for a set: it puts every key in one Txn and waits
@@ -414,17 +402,11 @@ func (q *queue) removeLeft(ctx context.Context, revs []int64) error {
 	}
 	cctx, cancel := q.writeCtx(ctx)
 	defer cancel()
-	backoff := minBackoff
-	for {
-		_, err := q.s.cli.Txn(cctx).Then(dels...).Commit()
-		if err == nil || q.s.Err() != nil {
-			return nil
-		}
-		if !q.retryable(cctx, err) || !pause(cctx, &backoff) {
-			if q.s.Err() != nil {
-				return nil
-			}
-			return errorf("remove keys left of %s: %w", q.set.label, err)
-		}
+	_, err := retry(cctx, q.passes(cctx), func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return q.s.cli.Txn(ctx).Then(dels...).Commit()
+	})
+	if err == nil || q.s.Err() != nil {
+		return nil
 	}
+	return errorf("remove keys left of %s: %w", q.set.label, err)
 }

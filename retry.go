@@ -14,7 +14,8 @@ import (
 // Errors that pass, and what the library does about them: a write that
 // joins or leaves the queue is sent again, a waiter reads the queue again,
 // a release is sent again, after a pause that grows from minBackoff to
-// maxBackoff, while the caller's ctx and the session last.
+// maxBackoff, while the caller's ctx and the session last; retry is that
+// loop for an RPC that is only sent again.
 
 // cleanupTimeout bounds a best-effort RPC whose failure leaves nothing
 // behind that the session's lease does not remove: release.go's unlock
@@ -86,6 +87,22 @@ func pauseUpTo(ctx context.Context, backoff *time.Duration, limit time.Duration)
 	}
 	*backoff = min(2**backoff, limit)
 	return true
+}
+
+// retry calls rpc until it answers, fails with an error that pass does
+// not let through, or ctx ends during the pause between calls (pause); it
+// returns the last answer and error. A queue's loops pass q.passes(ctx):
+// etcd's errors that pass, while ctx and the session last. The loops that
+// do more between calls than pause (a waiter's, a release's, Lead's, a
+// Try's) are written out where they are.
+func retry[T any](ctx context.Context, pass func(error) bool, rpc func(context.Context) (T, error)) (T, error) {
+	backoff := minBackoff
+	for {
+		resp, err := rpc(ctx)
+		if err == nil || !pass(err) || !pause(ctx, &backoff) {
+			return resp, err
+		}
+	}
 }
 
 // pauseOr is pause that also ends, early, when stop is closed.

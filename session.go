@@ -220,7 +220,7 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 
 	if o.lease == 0 {
 		sent := time.Now()
-		resp, err := untilAnswered(ctx, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		resp, err := retry(ctx, transient, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
 			return cli.Grant(ctx, ttlSeconds(o.ttl))
 		})
 		if err != nil {
@@ -233,7 +233,7 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 	}
 
 	id := o.lease
-	resp, err := untilAnswered(ctx, func(ctx context.Context) (*clientv3.LeaseTimeToLiveResponse, error) {
+	resp, err := retry(ctx, transient, func(ctx context.Context) (*clientv3.LeaseTimeToLiveResponse, error) {
 		return cli.TimeToLive(ctx, id)
 	})
 	if err != nil {
@@ -249,7 +249,7 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 	// Renew at once: the lease may have little time left, less than the
 	// first renewal interval. Its life counts from each attempt's send.
 	var sent time.Time
-	ka, err := untilAnswered(ctx, func(ctx context.Context) (*clientv3.LeaseKeepAliveResponse, error) {
+	ka, err := retry(ctx, transient, func(ctx context.Context) (*clientv3.LeaseKeepAliveResponse, error) {
 		sent = time.Now()
 		return cli.KeepAliveOnce(ctx, id)
 	})
@@ -262,18 +262,6 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 		return startedLease{}, errorf("renew lease %x: %w", id, started(err))
 	}
 	return startedLease{id, lk, time.Duration(resp.GrantedTTL) * time.Second, sent.Add(time.Duration(ka.TTL) * time.Second)}, nil
-}
-
-// untilAnswered calls rpc until it succeeds, fails with an error that
-// does not pass, or ctx ends, with a waiter's backoff between calls.
-func untilAnswered[T any](ctx context.Context, rpc func(context.Context) (T, error)) (T, error) {
-	backoff := minBackoff
-	for {
-		resp, err := rpc(ctx)
-		if err == nil || !transient(err) || !pause(ctx, &backoff) {
-			return resp, err
-		}
-	}
 }
 
 // startErr is the error of a start that failed with err: ctx's or the
@@ -710,6 +698,11 @@ func (q *queue) rpcErr(err error) error {
 		return errorf("%w: %w", ErrSessionExpired, err)
 	}
 	return err
+}
+
+// passes returns retryable with ctx, for retry.
+func (q *queue) passes(ctx context.Context) func(error) bool {
+	return func(err error) bool { return q.retryable(ctx, err) }
 }
 
 // retryable reports whether a waiter may try again after err: a broken
