@@ -83,8 +83,8 @@ func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
 
 // lockValue is lock with the key's value given: q.value(mode), or an
 // election's proposal (whose mode, read back, is exclusive). With the
-// session's events, it reports the acquisition (Hooks.AcquireStart and
-// AcquireDone) around take; without, it reads no clock.
+// session's events, it reports the acquisition (reported); without, it
+// reads no clock.
 func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bool) error {
 	if err := q.validate(); err != nil {
 		return err
@@ -95,16 +95,27 @@ func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bo
 	if mode.Exclusive() && q.holding(func(m KeyMode) bool { return m.Shared }) {
 		return ErrUpgrade
 	}
-	ev := q.s.ev
-	if ev == nil {
-		h, err := q.take(ctx, mode, val, wait)
-		if err == nil {
-			q.mu.Lock()
-			q.h = h
-			q.mu.Unlock()
-		}
-		return err
+	if q.s.ev != nil {
+		return q.reported(ctx, mode, val, wait)
 	}
+	h, err := q.take(ctx, mode, val, wait)
+	if err == nil {
+		q.mu.Lock()
+		q.h = h
+		q.mu.Unlock()
+	}
+	return err
+}
+
+// reported is lockValue for a session with events: it reports the
+// acquisition (Hooks.AcquireStart and AcquireDone) around take. It is a
+// function of its own so that the events' structs stay out of the stack
+// frame a waiter without events keeps while it waits: with them, a
+// waiting goroutine's stack could not shrink back to its initial size.
+//
+//go:noinline
+func (q *queue) reported(ctx context.Context, mode KeyMode, val string, wait bool) error {
+	ev := q.s.ev
 	li := LockInfo{Kind: q.opts.kind, Name: q.label(), Mode: mode}
 	if mode.Shared {
 		li.Kind = KindRWMutexRead
@@ -128,16 +139,6 @@ func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bo
 	return err
 }
 
-// take is lockValue's acquisition, once the call is found valid: it
-// returns the hold, which lockValue makes q's.
-func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (*hold, error) {
-	h, err := q.takeHold(ctx, mode, val, wait)
-	if refused(err) {
-		err = q.refusedErr(err)
-	}
-	return h, err
-}
-
 // refusedErr explains etcd's refusal err of a Lock of q: etcd does not
 // say which key it refused, so it names every prefix the Lock reads and
 // writes, and the command that prints the grants.
@@ -152,8 +153,15 @@ func (q *queue) refusedErr(err error) error {
 		q.label(), strings.Join(pfxs, " and "), grants, err)
 }
 
-// takeHold is take but for the explanation of a refusal.
-func (q *queue) takeHold(ctx context.Context, mode KeyMode, val string, wait bool) (*hold, error) {
+// take is lockValue's acquisition, once the call is found valid: it
+// returns the hold, which lockValue makes q's. A refusal by etcd is
+// explained (refusedErr) on the way out.
+func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (_ *hold, err error) {
+	defer func() {
+		if refused(err) {
+			err = q.refusedErr(err)
+		}
+	}()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -172,7 +180,6 @@ func (q *queue) takeHold(ctx context.Context, mode KeyMode, val string, wait boo
 	var rev int64
 	var hdr *pb.ResponseHeader
 	var recorded bool // the write that took the hold wrote its delay record
-	var err error
 	switch {
 	case q.set != nil && wait:
 		rev, hdr, err = q.acquireSet(bctx, val)
