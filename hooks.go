@@ -15,8 +15,9 @@ import (
 
 // Hooks are functions a Session calls on the events of its locks, its lease
 // and its own end, for metrics and tracing (see WithHooks; the Prometheus
-// adapter, module github.com/etcdlock/etcdlock/etcdlockprom, is built on
-// them). Every field is optional.
+// adapter, module github.com/etcdlock/etcdlock/etcdlockprom, and the
+// OpenTelemetry adapter, module github.com/etcdlock/etcdlock/etcdlockotel,
+// are built on them). Every field is optional.
 //
 // Hooks is a struct of functions, like net/http/httptrace's ClientTrace,
 // rather than an interface: a program sets only the events it wants; a
