@@ -57,7 +57,7 @@
 // given as advice: 1ms, 2ms, 4ms ... about 35 minutes for acquisitions and
 // holds, 5ms to 10s for renewals. A View of the MeterProvider sets others.
 // Elections won are the acquisitions of kind election with outcome
-// acquired; lost, its holds whose end is not released.
+// acquired; lost, the holds of kind election whose end is not released.
 //
 // # Spans
 //
@@ -82,18 +82,19 @@
 // A span's status is Error, with error.type the outcome or end, for an
 // acquisition that failed (outcome error or session_ended) and for a hold
 // lost (any end but released and session_closed). The others are not
-// errors: busy is a Try form's answer; canceled, the caller's ctx ending,
-// which the caller's own span records; session_closed, the program
-// closing the session, which the library logs at Info rather than Warn.
+// errors: busy is a Try form's answer; canceled, the caller's own ctx
+// ending, is the caller's to judge; session_closed, the program closing
+// the session, the library logs at Info rather than Warn.
 // The error's text quotes the lock's key, and so its name: with
 // LockNames it is the status's description and an exception event;
 // without, the description names only the outcome or end.
 //
 // A hold's span ends at the Hooks.HoldDone of the same key and token. A
 // hold that is lost, never watched (Done) and never unlocked is never
-// reported (see Hooks.HoldDone): its span never ends, and the Telemetry
-// keeps it for good. Unlock what you lock, or watch
-// Done. A span that is not recording (not sampled, or no SDK) is not kept.
+// reported (see Hooks.HoldDone), even when its session's Close took it:
+// its span never ends, the Telemetry keeps it for good, and
+// etcdlock_holders counts it still. Unlock what you lock, or watch Done.
+// A span that is not recording (not sampled, or no SDK) is not kept.
 //
 // Lock names are left out by default: a program that names a lock per job
 // or per user would make a series per name, without bound, and put what

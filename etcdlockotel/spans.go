@@ -65,8 +65,8 @@ func (t *Telemetry) acquireSpan(i etcdlock.AcquireDoneInfo, now time.Time) conte
 	ctx, span := t.tracer.Start(parent, acquireSpan, trace.WithTimestamp(now.Add(-i.Waited)),
 		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(a...))
 	// Busy is a Try form's "no", its answer rather than its failure;
-	// canceled, the caller's own ctx ending, which the caller's span
-	// records. The call's outcome says both.
+	// canceled, the caller's own ctx ending, is the caller's to judge.
+	// etcdlock.outcome says both.
 	if i.Outcome == etcdlock.AcquireSessionEnded || i.Outcome == etcdlock.AcquireFailed {
 		t.fail(span, "etcdlock: acquisition failed: ", i.Outcome.String(), i.Err)
 	}
