@@ -84,8 +84,12 @@ func (q *queue) deletes(rev int64) []clientv3.Op {
 }
 
 // keyReads returns reads of every key of the set, keys only: what a
-// waiter's check reads when one of them is no longer its own.
+// waiter's check reads when one of them is no longer its own. None
+// without a set: a single key's check needs no read to say which.
 func (set *multiSet) keyReads(opts ...clientv3.OpOption) []clientv3.Op {
+	if set == nil {
+		return nil
+	}
 	ops := make([]clientv3.Op, len(set.parts))
 	for i, p := range set.parts {
 		ops[i] = clientv3.OpGet(p.key, append([]clientv3.OpOption{clientv3.WithKeysOnly()}, opts...)...)
@@ -190,12 +194,9 @@ func (q *queue) releaseNames() {
 // quotedPrefixes returns the queue prefix of each key of the claim, quoted,
 // for messages.
 func (q *queue) quotedPrefixes() []string {
-	if q.set == nil {
-		return []string{strconv.Quote(q.pfx)}
-	}
-	pfxs := make([]string, len(q.set.parts))
-	for i, p := range q.set.parts {
-		pfxs[i] = strconv.Quote(p.pfx)
+	var pfxs []string
+	for _, p := range q.parts() {
+		pfxs = append(pfxs, strconv.Quote(p.pfx))
 	}
 	return pfxs
 }
@@ -230,4 +231,37 @@ func (q *queue) sweep(h *hold) bool {
 	defer cancel()
 	_, err := q.releaseTxn(actx, h.rev, false)
 	return err == nil || q.s.Err() != nil
+}
+
+// parts returns the queues of q's claim: q alone, or its set's parts.
+func (q *queue) parts() []*queue {
+	if q.set == nil {
+		return []*queue{q}
+	}
+	return q.set.parts
+}
+
+// removeOps returns the Txn that removes the keys of q's claim after a
+// failed Lock: each only while its create revision is rev, or by name
+// when rev is 0.
+func (q *queue) removeOps(rev int64) ([]clientv3.Cmp, []clientv3.Op) {
+	if q.set != nil {
+		return nil, q.deletes(rev) // each key of the set, each guarded
+	}
+	var cmps []clientv3.Cmp
+	if rev != 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
+	}
+	return cmps, []clientv3.Op{clientv3.OpDelete(q.key)}
+}
+
+// sweepOthers hands the session's releaser the other keys of a set whose
+// hold h ended with one of its keys gone (a loss, or during a release
+// whose outcome is unknown): they would keep their names' queues waiting
+// until the session's end. The releaser deletes those still h's (sweep);
+// Unlock does not wait for it. A single key has no others.
+func (q *queue) sweepOthers(h *hold) {
+	if q.set != nil {
+		q.s.releaser.add(func() bool { return q.sweep(h) })
+	}
 }

@@ -164,12 +164,8 @@ func (q *queue) lose(h *hold, cause error) {
 	if ended {
 		q.reportEnd(h, err)
 	}
-	if ended && q.set != nil {
-		// One key of the set went (a loss, or during a release whose
-		// outcome is unknown): the others would keep their names'
-		// queues waiting until the session's end. The releaser deletes
-		// those still the hold's; Unlock does not wait for it.
-		q.s.releaser.add(func() bool { return q.sweep(h) })
+	if ended {
+		q.sweepOthers(h)
 	}
 	if releasing {
 		q.s.releaser.signal() // it finishes the hold

@@ -243,7 +243,7 @@ func (q *queue) fail(ctx context.Context, rev int64, err error) error {
 func (q *queue) remove(ctx context.Context, rev int64) error {
 	cctx, cancel := q.writeCtx(ctx)
 	defer cancel()
-	if q.opts.delay > 0 && rev == 0 && q.set == nil {
+	if q.opts.delay > 0 && rev == 0 { // (a set takes no delay: validate)
 		// The write whose outcome is unknown may have put the hold's
 		// delay record with its key (place, tryPut): its token is the
 		// key's create revision, which a read tells.
@@ -252,14 +252,7 @@ func (q *queue) remove(ctx context.Context, rev int64) error {
 			return err
 		}
 	}
-	var cmps []clientv3.Cmp
-	if rev != 0 {
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
-	}
-	dels := []clientv3.Op{clientv3.OpDelete(q.key)}
-	if q.set != nil {
-		cmps, dels = nil, q.deletes(rev) // each key of the set, each guarded
-	}
+	cmps, dels := q.removeOps(rev)
 	if q.opts.delay > 0 && rev != 0 {
 		// Lock wrote the delay record, or may have, and returns no
 		// hold: nothing was done under it that a delay would protect.

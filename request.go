@@ -194,11 +194,7 @@ func (q *queue) watchRequests(h *hold) {
 	}
 	ctx, cancel := context.WithCancel(q.s.watchCtx)
 	h.req.cancel = cancel
-	parts := []*queue{q}
-	if q.set != nil {
-		parts = q.set.parts
-	}
-	for _, p := range parts {
+	for _, p := range q.parts() {
 		w.busy.Add(1)
 		h.req.wg.Add(1)
 		go func() {

@@ -408,7 +408,7 @@ func (w *waiter) confirm(ctx context.Context, minRev int64) (queueRead, error) {
 // own (writeDelay).
 func (w *waiter) recording() bool {
 	q := w.q
-	return q.opts.delay > 0 && w.me.mode.Exclusive() && q.set == nil
+	return q.opts.delay > 0 && w.me.mode.Exclusive() // (a set takes no delay: validate)
 }
 
 // opRecord is the nested Txn of a recording waiter's reads: it writes
@@ -435,16 +435,10 @@ func (w *waiter) opRecord() clientv3.Op {
 //go:noinline
 func (w *waiter) readIfMine(ctx context.Context, minRev int64, ops func(...clientv3.OpOption) []clientv3.Op) (*clientv3.TxnResponse, error) {
 	q := w.q
-	var cmps []clientv3.Cmp
-	var orElse []clientv3.Op
-	if q.set != nil {
-		// Every key of the set must still be mine: a name admitted
-		// earlier stays admitted only while its key does. If one is
-		// gone, the keys read say which.
-		cmps, orElse = q.ownCmps(w.me.rev), q.set.keyReads()
-	} else {
-		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(q.key), "=", w.me.rev)}
-	}
+	// Every key of the claim must still be mine: a name of a set admitted
+	// earlier stays admitted only while its key does. If one is gone, the
+	// keys read (a set's; none for one key) say which.
+	cmps, orElse := q.ownCmps(w.me.rev), q.set.keyReads()
 	if w.recording() {
 		// A write: no member answers it alone, so no serializable try.
 		read := ops()
@@ -462,10 +456,7 @@ func (w *waiter) readIfMine(ctx context.Context, minRev int64, ops func(...clien
 	if minRev > 0 {
 		// etcd serves a Txn as a read of the member's own state only if
 		// every range in it, the Else's too, is serializable.
-		serial := orElse
-		if q.set != nil {
-			serial = q.set.keyReads(clientv3.WithSerializable())
-		}
+		serial := q.set.keyReads(clientv3.WithSerializable())
 		r, err := q.s.cli.Txn(ctx).If(cmps...).Then(ops(clientv3.WithSerializable())...).Else(serial...).Commit()
 		if err != nil {
 			return nil, q.rpcErr(err)
