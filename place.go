@@ -76,7 +76,7 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 		if resp.Succeeded {
 			break
 		}
-		in := resp.Responses[0].GetResponseTxn()
+		in := resp.Responses[kept].GetResponseTxn()
 		if in.Succeeded {
 			break
 		}
@@ -86,20 +86,46 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 			// happen short of a misuse of the lease.
 			return 0, nil, nil, false, nil, q.fail(ctx, 0, errorf("key %s keeps its other mode", q.key))
 		}
-		old := in.Responses[0].GetResponseRange().Kvs
+		old := in.Responses[leftKey].GetResponseRange().Kvs
 		if len(old) > 0 {
 			if err := q.remove(ctx, old[0].CreateRevision); err != nil {
 				return 0, nil, nil, false, nil, err
 			}
 		}
 	}
-	if resp.Succeeded {
-		recorded = len(resp.Responses) > 3 && resp.Responses[3].GetResponseTxn().Succeeded
-		return resp.Header.Revision, resp.Responses[1].GetResponseRange(), rangeAt(resp.Responses, 2), recorded, resp.Header, nil
+	if rs := resp.Responses; resp.Succeeded {
+		recorded = len(rs) > placedRecord && rs[placedRecord].GetResponseTxn().Succeeded
+		return resp.Header.Revision, rs[placedQueue].GetResponseRange(), rangeAt(rs, placedDelays), recorded, resp.Header, nil
 	}
-	in := resp.Responses[0].GetResponseTxn()
-	return in.Responses[1].GetResponseRange().Kvs[0].CreateRevision, in.Responses[2].GetResponseRange(), rangeAt(in.Responses, 3), false, resp.Header, nil
+	rs := resp.Responses[kept].GetResponseTxn().Responses
+	return rs[keptKey].GetResponseRange().Kvs[0].CreateRevision, rs[keptQueue].GetResponseRange(), rangeAt(rs, keptDelays), false, resp.Header, nil
 }
+
+// The slots of place's Txn, as placeKey reads them. Its Then puts the key
+// (placedPut) and reads the newest keys of the queue (placedQueue), and,
+// for a lock with a delay, the lock's delay records (placedDelays) and the
+// nested Txn that writes the hold's record (placedRecord). Its Else is one
+// nested Txn (kept), whose Then keeps a leftover of the same mode: the put,
+// the key (keptKey), the queue (keptQueue), the records (keptDelays); and
+// whose Else reads the key left in another mode (leftKey).
+const (
+	placedPut = iota
+	placedQueue
+	placedDelays
+	placedRecord
+)
+
+const (
+	kept    = 0
+	leftKey = 0
+)
+
+const (
+	keptPut = iota
+	keptKey
+	keptQueue
+	keptDelays
+)
 
 // join is place, sent again after an error that passes (retryable) while
 // ctx and the session last. place may be sent again whatever became of
@@ -139,7 +165,7 @@ func (q *queue) place(ctx context.Context, mode KeyMode, val string) (*clientv3.
 		return q.placeSetTxn(ctx, val)
 	}
 	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
-	then := []clientv3.Op{put, q.opQueue(mode, 0)}
+	then := []clientv3.Op{placedPut: put, placedQueue: q.opQueue(mode, 0)}
 	if q.opts.delay > 0 {
 		// A hold with a delay writes its record once admitted. When
 		// nothing is under the prefix nor in the delay records before
@@ -162,7 +188,7 @@ func (q *queue) place(ctx context.Context, mode KeyMode, val string) (*clientv3.
 		Else(clientv3.OpTxn(
 			// Our leftover in the same mode keeps its place.
 			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(q.key), "=", val)},
-			append([]clientv3.Op{put, clientv3.OpGet(q.key), q.opQueue(mode, 0)}, q.delayOps()...),
+			append([]clientv3.Op{keptPut: put, keptKey: clientv3.OpGet(q.key), keptQueue: q.opQueue(mode, 0)}, q.delayOps()...),
 			[]clientv3.Op{clientv3.OpGet(q.key)})).
 		Commit()
 }

@@ -23,7 +23,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 	// A read-only Txn answers "held" without a Raft write or a new
 	// revision. etcd sends any Txn with a Put through Raft even when its
 	// compare fails, so only an all-read request is served as a read.
-	first := append([]clientv3.Op{q.opQueue(mode, 0), clientv3.OpGet(q.key)}, q.delayOps()...)
+	first := append([]clientv3.Op{tryQueue: q.opQueue(mode, 0), tryOwn: clientv3.OpGet(q.key)}, q.delayOps()...)
 	resp, err := q.tryReadTxn(ctx, first)
 	if err != nil {
 		return 0, nil, false, err
@@ -131,7 +131,7 @@ func (q *queue) tryReadTxn(ctx context.Context, first []clientv3.Op) (*clientv3.
 // behind everyone (rev 0).
 func (q *queue) tryRead(ctx context.Context, mode KeyMode, val string, resp *clientv3.TxnResponse) (me entry, _ queueRead, _ error) {
 	var own *mvccpb.KeyValue
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+	if kvs := resp.Responses[tryOwn].GetResponseRange().Kvs; len(kvs) > 0 {
 		own = kvs[0]
 	}
 	me = entry{key: q.key, mode: mode}
@@ -140,10 +140,19 @@ func (q *queue) tryRead(ctx context.Context, mode KeyMode, val string, resp *cli
 		// could not reach etcd: judge it at its place.
 		me.rev = own.CreateRevision
 	}
-	read, err := q.scan(ctx, me, resp.Responses[0].GetResponseRange(), rangeAt(resp.Responses, 2), resp.Header)
+	read, err := q.scan(ctx, me, resp.Responses[tryQueue].GetResponseRange(), rangeAt(resp.Responses, tryDelays), resp.Header)
 	read.own = own
 	return me, read, err
 }
+
+// The slots of a Try's read-only Txn (and of tryPut's Else, the same
+// reads): the queue's first page, this session's own key, and, for a lock
+// with a delay, the lock's delay records.
+const (
+	tryQueue = iota
+	tryOwn
+	tryDelays
+)
 
 // tryPut puts the key of a Try that read admits, guarded so that it takes
 // the hold only as read; if the guard fails, the Txn reads first again.

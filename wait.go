@@ -348,13 +348,22 @@ func (w *waiter) blockerEvent(e watchedEvent) (at int64, key string, ok bool) {
 func (w *waiter) check(ctx context.Context, minRev int64) (queueRead, error) {
 	me := w.me
 	resp, err := w.readIfMine(ctx, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
-		return append([]clientv3.Op{w.q.opQueue(me.mode, me.rev-1, opts...)}, w.q.delayOps(opts...)...)
+		return append([]clientv3.Op{checkQueue: w.q.opQueue(me.mode, me.rev-1, opts...)}, w.q.delayOps(opts...)...)
 	})
 	if err != nil {
 		return queueRead{}, err
 	}
-	return w.q.scan(ctx, me, resp.Responses[0].GetResponseRange(), rangeAt(resp.Responses, 1), resp.Header)
+	return w.q.scan(ctx, me, resp.Responses[checkQueue].GetResponseRange(), rangeAt(resp.Responses, checkDelays), resp.Header)
 }
+
+// The slots of a waiter's reads (check; confirm reads its own key's
+// count in the first): what keeps it out, and, for a lock with a delay,
+// the lock's delay records. A recording waiter's read adds the nested Txn
+// that writes its record after them (readIfMine).
+const (
+	checkQueue = iota
+	checkDelays
+)
 
 // recheck is check after the deletion of the blocker gone ("" for a
 // change of mode) at revision at.
@@ -387,12 +396,12 @@ func (w *waiter) recheck(ctx context.Context, gone string, at int64) (queueRead,
 func (w *waiter) confirm(ctx context.Context, minRev int64) (queueRead, error) {
 	q, me := w.q, w.me
 	resp, err := w.readIfMine(ctx, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
-		return append([]clientv3.Op{clientv3.OpGet(q.key, append(opts, clientv3.WithCountOnly())...)}, q.delayOps(opts...)...)
+		return append([]clientv3.Op{checkQueue: clientv3.OpGet(q.key, append(opts, clientv3.WithCountOnly())...)}, q.delayOps(opts...)...)
 	})
 	if err != nil {
 		return queueRead{}, err
 	}
-	if len(q.pendingDelays(me, rangeAt(resp.Responses, 1), func(key string, rev int64) bool {
+	if len(q.pendingDelays(me, rangeAt(resp.Responses, checkDelays), func(key string, rev int64) bool {
 		return key == q.key && rev != 0 && rev == me.rev
 	})) > 0 {
 		return w.check(ctx, resp.Header.Revision)
