@@ -1,0 +1,144 @@
+package etcdlocksql_test
+
+import (
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/etcdlock/etcdlock/etcdlocksql"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/leakcheck"
+	_ "modernc.org/sqlite" // the "sqlite" driver
+)
+
+var (
+	// cluster is a one-member etcd started by TestMain.
+	cluster *etcdtest.Cluster
+	// postgres is the PostgreSQL server started by TestMain, nil if none
+	// is installed; noPostgres then says why.
+	postgres   *pgServer
+	noPostgres string
+	// pgAdmin is postgres's own database, where each test creates its own.
+	pgAdmin *sql.DB
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := etcdtest.MkdirTemp()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	cluster, err = etcdtest.StartDir(dir, 1)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := runWithPostgres(m)
+	cluster.Close()
+	if code != 0 {
+		return code
+	}
+	// database/sql's goroutines and every session's must have ended with
+	// the handles and sessions.
+	if err := leakcheck.Find(); err != nil {
+		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// runWithPostgres starts PostgreSQL, if installed, runs the tests, and
+// stops it.
+func runWithPostgres(m *testing.M) int {
+	var err error
+	postgres, noPostgres, err = startPostgres()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "etcdlocksql: starting PostgreSQL:", err)
+		return 1
+	}
+	if postgres == nil {
+		if os.Getenv(requirePostgresEnv) != "" {
+			fmt.Fprintf(os.Stderr, "etcdlocksql: %s is set, but %s\n", requirePostgresEnv, noPostgres)
+			return 1
+		}
+		return m.Run()
+	}
+	defer postgres.stop()
+	if pgAdmin, err = sql.Open("pgx", postgres.dsn("postgres")); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer pgAdmin.Close()
+	return m.Run()
+}
+
+// A database is one of the databases the tests run against.
+type database struct {
+	name string
+	// open returns a handle of a new, empty database with the fence
+	// table, closed at the end of the test.
+	open func(t *testing.T) *sql.DB
+}
+
+var databases = []database{
+	{"postgres", openPostgres},
+	{"sqlite", openSQLite},
+}
+
+// forEachDatabase runs f as a subtest on each database.
+func forEachDatabase(t *testing.T, f func(t *testing.T, db *sql.DB)) {
+	t.Helper()
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) { f(t, d.open(t)) })
+	}
+}
+
+var pgDatabases atomic.Int64
+
+// openPostgres creates a database on the test server for t.
+func openPostgres(t *testing.T) *sql.DB {
+	t.Helper()
+	if postgres == nil {
+		t.Skip(noPostgres)
+	}
+	name := fmt.Sprintf("test%d", pgDatabases.Add(1))
+	_, err := pgAdmin.ExecContext(t.Context(), "CREATE DATABASE "+name)
+	if err != nil {
+		t.Fatalf("creating database %s: %v", name, err)
+	}
+	return openDB(t, "pgx", postgres.dsn(name))
+}
+
+// sqliteDSN returns the data source name of an SQLite file in dir, with a
+// busy timeout so that writers wait for each other instead of failing.
+func sqliteDSN(dir string) string {
+	return "file:" + filepath.Join(dir, "test.db") + "?_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)"
+}
+
+// openSQLite creates an SQLite file for t: a file, not :memory:, so that
+// the handle's connections share it.
+func openSQLite(t *testing.T) *sql.DB {
+	t.Helper()
+	return openDB(t, "sqlite", sqliteDSN(t.TempDir()))
+}
+
+func openDB(t *testing.T, driver, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := etcdlocksql.CreateTable(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}

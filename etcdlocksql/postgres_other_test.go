@@ -1,0 +1,13 @@
+//go:build !unix
+
+package etcdlocksql_test
+
+// pgServer is not started on this system.
+type pgServer struct{}
+
+func (*pgServer) dsn(string) string { return "" }
+func (*pgServer) stop()             {}
+
+func startPostgres() (*pgServer, string, error) {
+	return nil, "the tests start PostgreSQL on Unix systems only", nil
+}
