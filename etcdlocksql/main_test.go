@@ -14,6 +14,19 @@ import (
 	_ "modernc.org/sqlite" // the "sqlite" driver
 )
 
+// The PostgreSQL server of the tests, started by TestMain from Debian's
+// postgresql package (or the binaries in $ETCDLOCK_TEST_POSTGRES_BIN) in a
+// temporary directory, on a free loopback port, with its unix socket in
+// that directory too. PostgreSQL refuses to run as root, so a test binary
+// running as root (CI does) runs initdb and postgres as the user nobody,
+// owner of the directory. Without binaries the PostgreSQL tests skip,
+// unless $ETCDLOCK_TEST_REQUIRE_POSTGRES is set (CI sets it): then the test
+// binary fails.
+const (
+	postgresBinEnv     = "ETCDLOCK_TEST_POSTGRES_BIN"
+	requirePostgresEnv = "ETCDLOCK_TEST_REQUIRE_POSTGRES"
+)
+
 var (
 	// cluster is a one-member etcd started by TestMain.
 	cluster *etcdtest.Cluster

@@ -3,7 +3,10 @@
 package etcdlocksql_test
 
 // pgServer is not started on this system.
-type pgServer struct{}
+type pgServer struct {
+	bin  string
+	port int
+}
 
 func (*pgServer) dsn(string) string { return "" }
 func (*pgServer) stop()             {}
