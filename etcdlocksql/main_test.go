@@ -104,6 +104,7 @@ type database struct {
 var databases = []database{
 	{"postgres", openPostgres},
 	{"sqlite", openSQLite},
+	{"sqlite-rollback-journal", openSQLiteJournal},
 }
 
 // forEachDatabase runs f as a subtest on each database.
@@ -141,6 +142,14 @@ func sqliteDSN(dir string) string {
 func openSQLite(t *testing.T) *sql.DB {
 	t.Helper()
 	return openDB(t, "sqlite", sqliteDSN(t.TempDir()))
+}
+
+// openSQLiteJournal is openSQLite in SQLite's default journal mode, a
+// rollback journal: WAL lets readers run beside the writer, but fencing
+// does not need it.
+func openSQLiteJournal(t *testing.T) *sql.DB {
+	t.Helper()
+	return openDB(t, "sqlite", "file:"+filepath.Join(t.TempDir(), "test.db")+"?_pragma=busy_timeout(20000)")
 }
 
 func openDB(t *testing.T, driver, dsn string) *sql.DB {
