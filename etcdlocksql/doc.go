@@ -32,6 +32,12 @@
 // transaction, fences, runs the caller's writes, and commits; anything
 // that fails rolls the whole transaction back, the fence row included.
 //
+// Fence a resource with the tokens of an exclusive lock (a Mutex, a
+// MultiMutex for each of its names, an Election, a Lead term, an
+// RWMutex's writers): holders that hold at once, such as a Semaphore's
+// or an RWMutex's readers, have tokens of their own, and each write of
+// the newest would refuse those of the others.
+//
 // The guarantee covers the writes made in a fenced transaction, and only
 // against other fenced transactions of the same resource: a write that
 // does not fence, or fences another resource name, is not ordered by it.
