@@ -53,8 +53,9 @@ type Hooks struct {
 	// package learns of it: at once if Done was called for the hold (Do
 	// and Lead call it; HoldDone then follows the closing of Done by
 	// moments), else when Unlock (RUnlock, Release, Resign) finds it,
-	// before Unlock returns. A hold that is lost, never watched and never
-	// unlocked is never reported.
+	// before Unlock returns, or, at the latest, when the session ends
+	// (Close, Orphan, its lease's end): every hold is reported by the
+	// time Close returns.
 	HoldDone func(HoldDoneInfo)
 	// RenewDone is called after each attempt to renew the session's lease:
 	// every TTL/3 while they succeed, more often while they fail. An

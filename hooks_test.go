@@ -331,8 +331,9 @@ func TestHooksWaiterKeyDeleted(t *testing.T) {
 
 // TestHooksLoss: a hold lost (lease revoked, key deleted, session closed,
 // max hold passed) makes exactly one HoldDone with its cause: when the
-// loss watch sees it if Done was called, else at Unlock; an Unlock after
-// a reported loss reports nothing more. The logger says it at Warn.
+// loss watch sees it if Done was called, else at Unlock or the session's
+// end, whichever comes first; an Unlock after a reported loss reports
+// nothing more. The logger says it at Warn.
 func TestHooksLoss(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -380,11 +381,16 @@ func TestHooksLoss(t *testing.T) {
 					m.Done()
 				}
 				tc.end(t, cli, s, m)
-				if watched {
+				switch {
+				case watched:
 					rec.waitFor(t, "HoldDone", 5*time.Second, func() bool { return len(rec.holds) > c[2] })
-				} else {
+				case tc.session == etcdlock.SessionClosed:
+					require.Equal(t, c[2]+1, rec.counts()[2], "Close reports the holds it ends")
+				case tc.session == 255:
 					require.Equal(t, c[2], rec.counts()[2], "no HoldDone before anything looks at the hold")
 				}
+				// (A lease revoked ends the session at its next renewal,
+				// which reports the hold: it may come at any moment.)
 				require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
 				rec.requireHoldDone(t, c, etcdlock.KindMutex, token, tc.want)
 				if tc.session != 255 {
@@ -473,6 +479,64 @@ func TestHooksCutOff(t *testing.T) {
 	// the cut.
 	require.ErrorIs(t, m.Unlock(t.Context()), etcdlock.ErrLockLost)
 	require.Equal(t, c[2]+1, rec.counts()[2], "one HoldDone per hold")
+}
+
+// TestHooksUnwatchedHoldsAtSessionEnd: holds nobody watched (no Done, no
+// Unlock) are reported when their session ends, once each, so that the
+// gauges of a program that closes a session with locks held come back to
+// zero; an Unlock after that reports nothing more. For each way a session
+// ends by the program's doing, and by its lease's end.
+func TestHooksUnwatchedHoldsAtSessionEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, s *etcdlock.Session)
+		want etcdlock.HoldEnd
+	}{
+		{"Close", func(t *testing.T, s *etcdlock.Session) { require.NoError(t, s.Close()) }, etcdlock.LostSessionClosed},
+		{"Orphan", func(t *testing.T, s *etcdlock.Session) { s.Orphan() }, etcdlock.LostSessionClosed},
+		{"LeaseRevoked", func(t *testing.T, s *etcdlock.Session) {
+			_, err := newClient(t).Revoke(t.Context(), s.Lease())
+			require.NoError(t, err)
+			<-s.Done()
+		}, etcdlock.LostLease},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			rec := newRecorder()
+			s := newSession(t, newClient(t), etcdlock.WithHooks(rec.hooks()))
+			name := lockName(t)
+			m := etcdlock.NewMutex(s, name+"/m")
+			rw := etcdlock.NewRWMutex(s, name+"/rw")
+			set := etcdlock.NewMultiMutex(s, []string{name + "/a", name + "/b"})
+			watched := etcdlock.NewMutex(s, name+"/watched")
+			require.NoError(t, m.Lock(ctx))
+			require.NoError(t, rw.RLock(ctx))
+			require.NoError(t, set.Lock(ctx))
+			require.NoError(t, watched.Lock(ctx))
+			watched.Done()
+			c := rec.counts()
+
+			tc.end(t, s)
+			s.Close()
+			require.Equal(t, c[2]+4, rec.counts()[2], "one HoldDone per hold, by the session's end")
+			rec.mu.Lock()
+			ends := map[string]etcdlock.HoldEnd{}
+			for _, h := range rec.holds[c[2]:] {
+				ends[h.Name] = h.End
+				require.ErrorIs(t, h.Err, etcdlock.ErrLockLost)
+			}
+			rec.mu.Unlock()
+			require.Equal(t, map[string]etcdlock.HoldEnd{
+				name + "/m": tc.want, name + "/rw": tc.want, name + "/a," + name + "/b": tc.want, name + "/watched": tc.want,
+			}, ends)
+
+			require.Error(t, m.Unlock(ctx))
+			require.Error(t, rw.RUnlock(ctx))
+			require.Error(t, set.Unlock(ctx))
+			require.Error(t, watched.Unlock(ctx))
+			require.Equal(t, c[2]+4, rec.counts()[2], "an Unlock after the end reports nothing more")
+		})
+	}
 }
 
 // TestHooksSessionEnd: each way a session ends makes one SessionDone

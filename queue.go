@@ -208,6 +208,7 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 			return nil, q.cause(ctx, err)
 		}
 	}
+	q.s.holding(q)
 	return h, nil
 }
 

@@ -137,6 +137,10 @@ type nameLock struct {
 	refs int32         // Mutex calls using the name
 	held bool          // a Mutex queues for or holds the name
 	free chan struct{} // closed when held ends, made only when someone waits for that
+	// holder is the queue whose hold has the name, from its admission to
+	// its release (a set's lead, on the set's first name): the session's
+	// end reports the holds nobody watched (sessionWatcher.end).
+	holder *queue
 }
 
 // NewSession grants a lease (or adopts one, see WithLease) and starts
@@ -672,12 +676,36 @@ func (s *Session) releaseName(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	nl := s.names[name]
-	nl.held = false
+	nl.held, nl.holder = false, nil
 	if nl.free != nil {
 		close(nl.free)
 		nl.free = nil
 	}
 	s.unrefName(name, nl)
+}
+
+// holding records q, whose take has just admitted a hold, as the holder
+// of its name (see nameLock.holder).
+func (s *Session) holding(q *queue) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if nl, ok := s.names[q.name]; ok && nl.held {
+		nl.holder = q
+		s.names[q.name] = nl
+	}
+}
+
+// holders returns the queues that hold a name of the session (holding).
+func (s *Session) holders() []*queue {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var qs []*queue
+	for _, nl := range s.names {
+		if nl.holder != nil {
+			qs = append(qs, nl.holder)
+		}
+	}
+	return qs
 }
 
 // unrefName stores nl, the state of name, less one reference, and forgets

@@ -511,6 +511,16 @@ func (w *sessionWatcher) end() {
 			kw.q.lose(kw.h, cause)
 		}
 	}
+	// The holds nobody watched (Done was never asked) end with the
+	// session too: lose reports each once, as it did the watched ones.
+	for _, q := range w.s.holders() {
+		q.mu.Lock()
+		h := q.h
+		q.mu.Unlock()
+		if h != nil {
+			q.lose(h, cause)
+		}
+	}
 	w.busy.Wait()
 	if w.ws != nil {
 		w.ws.release()

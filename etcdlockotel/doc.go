@@ -89,12 +89,11 @@
 // LockNames it is the status's description and an exception event;
 // without, the description names only the outcome or end.
 //
-// A hold's span ends at the Hooks.HoldDone of the same key and token. A
-// hold that is lost, never watched (Done) and never unlocked is never
-// reported (see Hooks.HoldDone), even when its session's Close took it:
-// its span never ends, the Telemetry keeps it for good, and
-// etcdlock_holders counts it still. Unlock what you lock, or watch Done.
-// A span that is not recording (not sampled, or no SDK) is not kept.
+// A hold's span ends at the Hooks.HoldDone of the same key and token:
+// when it is released, when the library learns it is lost, or at the
+// latest when its session ends (see Hooks.HoldDone), so a session closed
+// with locks held leaves no span open and no holder counted. A span that
+// is not recording (not sampled, or no SDK) is not kept.
 //
 // Lock names are left out by default: a program that names a lock per job
 // or per user would make a series per name, without bound, and put what

@@ -89,8 +89,8 @@ func (t *Telemetry) startHold(parent context.Context, i etcdlock.AcquireDoneInfo
 	_, span := t.tracer.Start(parent, holdSpan, trace.WithTimestamp(now),
 		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(a...))
 	if !span.IsRecording() {
-		// Not sampled, or no SDK: ending it would do nothing, and a
-		// hold never reported would keep it for good.
+		// Not sampled, or no SDK: ending it would do nothing, and
+		// keeping it would cost memory until the hold's HoldDone.
 		return
 	}
 	t.spansMu.Lock()

@@ -218,6 +218,32 @@ func TestSpansLost(t *testing.T) {
 	}
 }
 
+// TestSpansSessionClosed: a session closed with a lock held, never
+// unlocked nor watched, ends the hold's span (session_closed, no error
+// status: the program closed it) and takes the holder off.
+func TestSpansSessionClosed(t *testing.T) {
+	r := newRig(t, true)
+	ctx := t.Context()
+	s, err := etcdlock.NewSession(ctx, cluster.Client(t), etcdlock.WithHooks(r.tel.Hooks()))
+	must(t, err)
+	m := etcdlock.NewMutex(s, "closed/a")
+	must(t, m.Lock(ctx))
+	must(t, s.Close())
+	holds := r.ended("etcdlock.hold")
+	if len(holds) != 1 {
+		t.Fatalf("%d hold spans ended by Close, want 1", len(holds))
+	}
+	if a := attrs(t, holds[0]); a["etcdlock.end"].AsString() != "session_closed" || holds[0].Status().Code != codes.Unset {
+		t.Errorf("hold span %v, status %v; want end session_closed, status Unset", holds[0].Attributes(), holds[0].Status())
+	}
+	if n := r.tel.OpenHolds(); n != 0 {
+		t.Errorf("%d hold spans kept after Close", n)
+	}
+	if c := counts(t, r.collect(t), "etcdlock_holders", false); len(c) != 0 {
+		t.Errorf("holders %v after Close, want no series", c)
+	}
+}
+
 // TestSpansFailed: an acquisition the session's end cuts short is an
 // error (error.type session_ended); one the caller's ctx cuts short is
 // not (outcome canceled).
@@ -451,7 +477,7 @@ func TestLockNames(t *testing.T) {
 }
 
 // TestSpansNotSampled: a hold whose span is not recording (its trace not
-// sampled) is not kept, so that a hold never reported costs nothing; the
+// sampled) is not kept, so that such a hold costs nothing; the
 // metrics are recorded all the same.
 func TestSpansNotSampled(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
