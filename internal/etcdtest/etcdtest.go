@@ -39,7 +39,8 @@ import (
 type Cluster struct {
 	dir     string
 	bin     string
-	version string // the server's version, as "3.7.3"
+	version string   // the server's version, as "3.7.3"
+	flags   []string // given to every member after the usual ones (StartFlags)
 
 	mu      sync.Mutex // guards members
 	members []*member
@@ -65,9 +66,23 @@ func Start(tb testing.TB, n int) *Cluster {
 	return c
 }
 
+// StartFlags is Start with flags given to every member's etcd after the
+// usual ones, such as "--auth-token-ttl=1".
+func StartFlags(tb testing.TB, n int, flags ...string) *Cluster {
+	tb.Helper()
+	c, err := startDir(tb.TempDir(), n, flags)
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
 // StartDir starts an n-member cluster whose data lives under dir. The caller
 // must call Close. It is for TestMain and commands, which have no testing.TB.
-func StartDir(dir string, n int) (*Cluster, error) {
+func StartDir(dir string, n int) (*Cluster, error) { return startDir(dir, n, nil) }
+
+func startDir(dir string, n int, flags []string) (*Cluster, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("etcdtest: %d members", n)
 	}
@@ -82,7 +97,7 @@ func StartDir(dir string, n int) (*Cluster, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("etcdtest: %w", err)
 	}
-	c := &Cluster{dir: dir, bin: bin, version: version}
+	c := &Cluster{dir: dir, bin: bin, version: version, flags: flags}
 	var initial []string
 	for i := range n {
 		cport, err := FreePort()
@@ -139,6 +154,7 @@ func (c *Cluster) startMember(m *member, cluster, state string) error {
 	if strings.HasPrefix(c.version, "3.4.") {
 		args = append(args, "--logger=zap") // 3.4 defaults to capnslog, which ignores --log-level
 	}
+	args = append(args, c.flags...)
 	p, err := startProcess(c.bin, args, filepath.Join(filepath.Dir(m.dir), m.name+".log"))
 	if err != nil {
 		return fmt.Errorf("start member %s: %w", m.name, err)
