@@ -377,6 +377,10 @@ type schedule struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	// injecting is read-locked by each injection while it runs, inside
+	// an actor's RPC: teardown write-locks it to wait for them.
+	injecting sync.RWMutex
+
 	mu      sync.Mutex
 	log     []string
 	bad     []string
@@ -1128,6 +1132,8 @@ func short(method string) string { return method[strings.LastIndexByte(method, '
 
 // inject does kind, at target's RPC.
 func (x *schedule) inject(kind int, target *actor, d draws) {
+	x.injecting.RLock()
+	defer x.injecting.RUnlock()
 	ctx, cancel := context.WithTimeout(x.ctx, 10*time.Second)
 	defer cancel()
 	switch kind {
@@ -1579,6 +1585,24 @@ func (x *schedule) checkLeader(l etcdlock.Leader) {
 // waits, releases what it believes it holds ignoring the errors, and
 // checks that nothing is left held, and that every lost hold was told.
 func (x *schedule) teardown() {
+	// An op waits for the injection at its RPC, and stopping and
+	// restarting a member takes tens of seconds on a busy machine (its
+	// stop waits up to 10s for etcd to exit, its restart for a quorum):
+	// the 30s an op has to return start once no injection runs.
+	for _, a := range x.actors {
+		a.in.Disarm()
+	}
+	injected := make(chan struct{})
+	go func() {
+		x.injecting.Lock()
+		x.injecting.Unlock()
+		close(injected)
+	}()
+	select {
+	case <-injected:
+	case <-time.After(2 * time.Minute):
+		x.violation("an injection did not finish within 2 minutes\n%s", stacks())
+	}
 	for _, a := range x.actors {
 		a.in.Disarm()
 		a.endTurn()
