@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
-	"github.com/etcdlock/etcdlock/internal/leakcheck"
 )
 
 // endpoints are the client URLs of the one-member etcd that TestMain starts
@@ -38,32 +37,8 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	dir, err := etcdtest.MkdirTemp()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	cluster, err = etcdtest.StartDir(dir, 1)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	endpoints = cluster.Endpoints()
-	code := m.Run()
-	cluster.Close()
-	if code != 0 {
-		return code
-	}
-	// Every Session and Mutex goroutine must have ended once the tests
-	// closed their sessions and clients, and etcd has stopped.
-	if err := leakcheck.Find(); err != nil {
-		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-		return 1
-	}
-	return 0
+	os.Exit(etcdtest.RunMain(func(c *etcdtest.Cluster) int {
+		cluster, endpoints = c, c.Endpoints()
+		return m.Run()
+	}))
 }

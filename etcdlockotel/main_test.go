@@ -2,7 +2,6 @@ package etcdlockotel_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"slices"
 	"testing"
@@ -10,7 +9,6 @@ import (
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdlockotel"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
-	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -23,33 +21,10 @@ import (
 var cluster *etcdtest.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	dir, err := etcdtest.MkdirTemp()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	cluster, err = etcdtest.StartDir(dir, 1)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	code := m.Run()
-	cluster.Close()
-	if code != 0 {
-		return code
-	}
-	// Every session's goroutines must have ended with it; the SDK's
-	// providers here (a span recorder, a manual reader) start none.
-	if err := leakcheck.Find(); err != nil {
-		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-		return 1
-	}
-	return 0
+	os.Exit(etcdtest.RunMain(func(c *etcdtest.Cluster) int {
+		cluster = c
+		return m.Run()
+	}))
 }
 
 // rig is a Telemetry on SDK providers of its own: the spans it ends go to

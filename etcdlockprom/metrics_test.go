@@ -13,7 +13,6 @@ import (
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdlockprom"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
-	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -22,32 +21,10 @@ import (
 var cluster *etcdtest.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	dir, err := etcdtest.MkdirTemp()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	cluster, err = etcdtest.StartDir(dir, 1)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	code := m.Run()
-	cluster.Close()
-	if code != 0 {
-		return code
-	}
-	// Every session's goroutines must have ended with it.
-	if err := leakcheck.Find(); err != nil {
-		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-		return 1
-	}
-	return 0
+	os.Exit(etcdtest.RunMain(func(c *etcdtest.Cluster) int {
+		cluster = c
+		return m.Run()
+	}))
 }
 
 // TestExposition feeds one event of each sort, with fixed durations, and

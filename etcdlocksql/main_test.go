@@ -10,7 +10,6 @@ import (
 
 	"github.com/etcdlock/etcdlock/etcdlocksql"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
-	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	_ "modernc.org/sqlite" // the "sqlite" driver
 )
 
@@ -39,33 +38,12 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	dir, err := etcdtest.MkdirTemp()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	cluster, err = etcdtest.StartDir(dir, 1)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	code := runWithPostgres(m)
-	cluster.Close()
-	if code != 0 {
-		return code
-	}
-	// database/sql's goroutines and every session's must have ended with
-	// the handles and sessions.
-	if err := leakcheck.Find(); err != nil {
-		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-		return 1
-	}
-	return 0
+	// database/sql's goroutines, like every session's, must have ended
+	// with their handles (RunMain checks).
+	os.Exit(etcdtest.RunMain(func(c *etcdtest.Cluster) int {
+		cluster = c
+		return runWithPostgres(m)
+	}))
 }
 
 // runWithPostgres starts PostgreSQL, if installed, runs the tests, and
