@@ -15,7 +15,6 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
-	"github.com/etcdlock/etcdlock/internal/leakcheck"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -55,22 +54,10 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 
-	cluster, err = etcdtest.StartDir(filepath.Join(tmp, "etcd"), 1)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	endpoint = cluster.Endpoint(0)
-	code := m.Run()
-	cluster.Close()
-	if code != 0 {
-		return code
-	}
-	if err := leakcheck.Find(); err != nil {
-		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-		return 1
-	}
-	return 0
+	return etcdtest.RunMain(func(c *etcdtest.Cluster) int {
+		cluster, endpoint = c, c.Endpoint(0)
+		return m.Run()
+	})
 }
 
 // lockName returns a lock name no other test uses.
