@@ -28,12 +28,13 @@ import (
 //
 // The functions run synchronously in the goroutine where the event happens
 // (the caller's Lock or Unlock, a hold's loss watch, the session's
-// keepalive goroutine), never while this package holds a lock of its own:
-// they may call accessors such as Err, Token or Key. They must not call
-// what waits for those goroutines (Unlock, Close, Orphan and the like: a
-// loss watch's HoldDone calling Unlock would wait for itself), and they
-// must return quickly, since the event's caller waits for them. They may
-// run concurrently with each other.
+// keepalive goroutine, the session's end for the holds nobody watched),
+// never while this package holds a lock of its own: they may call
+// accessors such as Err, Token or Key. They must not call what waits for
+// those goroutines (Unlock, Close, Orphan and the like: a loss watch's
+// HoldDone calling Unlock would wait for itself), and they must return
+// quickly, since the event's caller waits for them. They may run
+// concurrently with each other.
 //
 // Gauges are pairs of events: the waiters of this process are AcquireStart
 // calls less AcquireDone calls, its holders are AcquireDone calls with

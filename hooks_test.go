@@ -539,6 +539,34 @@ func TestHooksUnwatchedHoldsAtSessionEnd(t *testing.T) {
 	}
 }
 
+// TestHooksHoldAdmittedAsSessionEnds: a hold admitted just as its session
+// ends (here the session closes while AcquireDone runs, before the hold is
+// the Mutex's) is reported too, by the time Lock returns: the session's
+// end, which reports the holds nobody watched, may pass it by, and Lock
+// then ends it itself. Before, only a later Unlock reported it.
+func TestHooksHoldAdmittedAsSessionEnds(t *testing.T) {
+	rec := newRecorder()
+	closed := make(chan struct{})
+	var s *etcdlock.Session
+	s = newSession(t, newClient(t), etcdlock.WithHooks(rec.hooks()), etcdlock.WithHooks(etcdlock.Hooks{
+		AcquireDone: func(etcdlock.AcquireDoneInfo) {
+			go func() {
+				s.Close()
+				close(closed)
+			}()
+			<-closed
+		},
+	}))
+	m := etcdlock.NewMutex(s, lockName(t))
+	require.NoError(t, m.Lock(t.Context()))
+	require.Equal(t, 1, rec.counts()[2], "the hold is reported by the time Lock returns")
+	h := rec.lastHold()
+	require.Equal(t, etcdlock.LostSessionClosed, h.End)
+	require.ErrorIs(t, m.Err(), etcdlock.ErrLockLost)
+	require.Error(t, m.Unlock(t.Context()))
+	require.Equal(t, 1, rec.counts()[2], "and once")
+}
+
 // TestHooksSessionEnd: each way a session ends makes one SessionDone
 // with its cause; a lease found gone by a renewal is a RenewDone with an
 // error matching ErrSessionExpired. Renewals report their TTL.

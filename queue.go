@@ -100,9 +100,7 @@ func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bo
 	}
 	h, err := q.take(ctx, mode, val, wait)
 	if err == nil {
-		q.mu.Lock()
-		q.h = h
-		q.mu.Unlock()
+		q.keep(h)
 	}
 	return err
 }
@@ -132,11 +130,24 @@ func (q *queue) reported(ctx context.Context, mode KeyMode, val string, wait boo
 	// Called before the hold is q's: its HoldDone cannot come first.
 	ev.acquireDone(done)
 	if h != nil {
-		q.mu.Lock()
-		q.h = h
-		q.mu.Unlock()
+		q.keep(h)
 	}
 	return err
+}
+
+// keep makes h, just admitted, q's hold, and notes q as the holder of its
+// name, so that the session's end reports h if nobody watched it
+// (sessionWatcher.end). An end that came before the note passed q by: then
+// the session has ended by now, and h ends as lost here, as end would
+// have ended it (lose reports a hold once, whoever comes second).
+func (q *queue) keep(h *hold) {
+	q.mu.Lock()
+	q.h = h
+	q.mu.Unlock()
+	q.s.holding(q)
+	if q.s.Err() != nil {
+		q.lose(h, context.Cause(q.s.endCtx))
+	}
 }
 
 // refusedErr explains etcd's refusal err of a Lock of q: etcd does not
@@ -208,7 +219,6 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 			return nil, q.cause(ctx, err)
 		}
 	}
-	q.s.holding(q)
 	return h, nil
 }
 
