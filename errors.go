@@ -68,6 +68,10 @@ var (
 	// that starts with "etcdlock/1 ", which this package reserves for the
 	// modes of lock keys (see ParseKeyMode).
 	ErrInvalidValue = errors.New("etcdlock: invalid election value")
+	// ErrStaleToken is returned by FencedWrite when a write with a higher
+	// fencing token has already fenced the key: a newer holder has
+	// written, so the caller's exclusive hold has ended, or is about to.
+	ErrStaleToken = errors.New("etcdlock: stale fencing token: a newer holder has written")
 )
 
 // prefix starts the message of every error of this package, exactly once.

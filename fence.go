@@ -2,7 +2,6 @@ package etcdlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -13,11 +12,6 @@ import (
 // one lock through different sessions, share, refused once a holder with a
 // newer token has written (FencedWrite). IsOwner guards a write by the
 // writer's own key; a fence guards it by every writer's token.
-
-// ErrStaleToken is returned by FencedWrite when a write with a higher
-// fencing token has already fenced the key: the caller's hold has ended,
-// or is about to, and a newer holder has written.
-var ErrStaleToken = errors.New("etcdlock: stale fencing token: a newer holder has written")
 
 // fenceDigits is the width of a token in a fence key: int64's largest
 // value has 19 decimal digits.
@@ -39,13 +33,19 @@ func FenceValue(token int64) string { return fmt.Sprintf("%0*d", fenceDigits, to
 // write, even one that still believes it holds because its process was
 // paused past its lease. The same token passes again, so a holder may
 // write many times, and may send a write again after an error whose
-// outcome is unknown (FencedWrite sends it once). Tokens of one lock
-// strictly increase from holder to holder; across locks, a fence orders
-// writers by the revisions at which they acquired.
+// outcome is unknown (FencedWrite sends it once). The tokens of one
+// lock's exclusive holds (a Mutex's, an RWMutex's write locks) strictly
+// increase from holder to holder. Shared holds (an RWMutex's readers, a
+// Semaphore's permits) hold at once with different tokens: fence their
+// writes only where the older of two may be refused while it still
+// holds. Across locks, a fence orders writers by the revisions at which
+// they acquired.
 //
 // fenceKey is the program's to choose, outside the library's reserved
 // range (ErrInvalidName), and only FencedWrite writes it: a value it did
-// not write compares as bytes. token must be positive, as every hold's
+// not write compares as bytes. Keep it out of every lock's queue (not
+// under NAME/ of a lock name): a key there, bound to no lease, would wait
+// in that queue for good. token must be positive, as every hold's
 // is. The Txn needs read and write permission on fenceKey and whatever ops
 // touch.
 func FencedWrite(ctx context.Context, cli *clientv3.Client, fenceKey string, token int64, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
