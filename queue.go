@@ -144,8 +144,7 @@ func (q *queue) keep(h *hold) {
 	q.mu.Lock()
 	q.h = h
 	q.mu.Unlock()
-	q.s.holding(q)
-	if q.s.Err() != nil {
+	if q.s.holding(q) != nil {
 		q.lose(h, context.Cause(q.s.endCtx))
 	}
 }

@@ -685,14 +685,16 @@ func (s *Session) releaseName(name string) {
 }
 
 // holding records q, whose take has just admitted a hold, as the holder
-// of its name (see nameLock.holder).
-func (s *Session) holding(q *queue) {
+// of its name (see nameLock.holder), and returns the session's error: not
+// nil if it has ended, whose end may then have passed q by.
+func (s *Session) holding(q *queue) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if nl, ok := s.names[q.name]; ok && nl.held {
 		nl.holder = q
 		s.names[q.name] = nl
 	}
+	return s.err
 }
 
 // holders returns the queues that hold a name of the session (holding).
