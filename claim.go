@@ -209,7 +209,7 @@ func (q *queue) quotedPrefixes() []string {
 func (q *queue) releaseTxn(ctx context.Context, rev int64, clean bool) (*clientv3.TxnResponse, error) {
 	if q.set == nil {
 		del := []clientv3.Op{clientv3.OpDelete(q.key)}
-		if clean && q.opts.delay > 0 {
+		if clean && q.opts.records() {
 			del = append(del, clientv3.OpDelete(delayKey(q.key)))
 		}
 		return q.s.cli.Txn(ctx).

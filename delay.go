@@ -86,34 +86,69 @@ func WithLockDelay(d time.Duration) MutexOption {
 // delayPfx returns the prefix of q's delay records.
 func (q *queue) delayPfx() string { return LockDelayPrefix + q.pfx }
 
-// delayValue is a record's value: the hold's token and the delay in
-// seconds. Token 0 stands for the record's own create revision: a record
-// put in the Txn that puts its key (an uncontended Lock, a Try) cannot
-// know the revision, which is the key's.
-func delayValue(token, secs int64) string {
-	return strconv.FormatInt(token, 10) + " " + strconv.FormatInt(secs, 10)
+// records reports whether a lock's holds write a record and its waiters
+// honour others': with a lock delay or a minimum hold (minhold.go).
+func (o *mutexOptions) records() bool { return o.delay > 0 || o.minHold > 0 }
+
+// recordValue is the value of q's record of the hold with token (see
+// delayValue): the longer of its delay and its minimum hold, and the
+// minimum hold itself if it has one.
+func (q *queue) recordValue(token int64) string {
+	return delayValue(token, max(ttlSeconds(q.opts.delay), ttlSeconds(q.opts.minHold)), q.opts.minHold)
+}
+
+// delayValue is a record's value: the hold's token, how long to keep the
+// lock free once its hold ended without Unlock, in seconds, and, for a
+// hold with a minimum hold, that in milliseconds. Token 0 stands for the
+// record's own create revision: a record put in the Txn that puts its key
+// (an uncontended Lock, a Try) cannot know the revision, which is the
+// key's.
+func delayValue(token, secs int64, minHold time.Duration) string {
+	v := strconv.FormatInt(token, 10) + " " + strconv.FormatInt(secs, 10)
+	if minHold > 0 {
+		v += " " + strconv.FormatInt(minHold.Milliseconds(), 10)
+	}
+	return v
+}
+
+// A record is a delay record as read (parseDelay).
+type record struct {
+	token   int64
+	secs    int64
+	minHold time.Duration // the hold's minimum hold; 0 for none
 }
 
 // parseDelay reads a record. A value it cannot read is a delay of one
 // second for a key that never held (token 0), so that it passes.
-func parseDelay(kv *mvccpb.KeyValue) (token, secs int64) {
-	t, s, ok := strings.Cut(string(kv.Value), " ")
-	token, err1 := strconv.ParseInt(t, 10, 64)
-	secs, err2 := strconv.ParseInt(s, 10, 64)
-	if !ok || err1 != nil || err2 != nil || token < 0 || secs < 1 {
-		return 0, 1
+func parseDelay(kv *mvccpb.KeyValue) record {
+	f := strings.Fields(string(kv.Value))
+	bad := record{secs: 1}
+	if len(f) != 2 && len(f) != 3 {
+		return bad
+	}
+	token, err1 := strconv.ParseInt(f[0], 10, 64)
+	secs, err2 := strconv.ParseInt(f[1], 10, 64)
+	if err1 != nil || err2 != nil || token < 0 || secs < 1 {
+		return bad
+	}
+	var ms int64
+	if len(f) == 3 {
+		var err error
+		if ms, err = strconv.ParseInt(f[2], 10, 64); err != nil || ms < 0 {
+			return bad
+		}
 	}
 	if token == 0 {
 		token = kv.CreateRevision
 	}
-	return token, min(secs, ttlSeconds(MaxLockDelay))
+	return record{token: token, secs: min(secs, ttlSeconds(MaxLockDelay)), minHold: min(time.Duration(ms)*time.Millisecond, MaxLockDelay)}
 }
 
 // delayOps reads q's delay records, if q has a delay: only locks with
 // WithLockDelay read them (and need permission to), so that no other
 // Lock pays for them.
 func (q *queue) delayOps(extra ...clientv3.OpOption) []clientv3.Op {
-	if q.opts.delay == 0 {
+	if !q.opts.records() {
 		return nil
 	}
 	return []clientv3.Op{clientv3.OpGet(q.delayPfx(), append([]clientv3.OpOption{clientv3.WithPrefix()}, extra...)...)}
@@ -152,7 +187,8 @@ func (q *queue) pendingDelays(me entry, r *pb.RangeResponse, live func(key strin
 		if !isChild(pfx, kv.Key) {
 			continue // a nested lock's
 		}
-		token, secs := parseDelay(kv)
+		rec := parseDelay(kv)
+		token, secs := rec.token, rec.secs
 		if me.rev != 0 && token >= me.rev {
 			continue // behind me: admitted with me, or after me
 		}
@@ -205,7 +241,7 @@ func (q *queue) startDelays(ctx context.Context, pd []pendingDelay) error {
 // delay: in a Txn that succeeds only while the key is h's, sent again
 // after errors that pass. On failure the caller removes the key (fail).
 func (q *queue) writeDelay(ctx context.Context, rev int64) error {
-	rec := clientv3.OpPut(delayKey(q.key), delayValue(rev, ttlSeconds(q.opts.delay)))
+	rec := clientv3.OpPut(delayKey(q.key), q.recordValue(rev))
 	_, err := retry(ctx, q.passes(ctx), func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		resp, err := q.s.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).
@@ -230,13 +266,13 @@ func (q *queue) writeDelay(ctx context.Context, rev int64) error {
 // record's own create revision): the release of a hold that Lock never
 // returned (it wrote nothing yet).
 func (q *queue) opDropDelay(rev int64) clientv3.Op {
-	k, secs := delayKey(q.key), ttlSeconds(q.opts.delay)
+	k := delayKey(q.key)
 	del := []clientv3.Op{clientv3.OpDelete(k)}
 	return clientv3.OpTxn(
-		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(k), "=", delayValue(rev, secs))},
+		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(k), "=", q.recordValue(rev))},
 		del,
 		[]clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{
-			clientv3.Compare(clientv3.Value(k), "=", delayValue(0, secs)),
+			clientv3.Compare(clientv3.Value(k), "=", q.recordValue(0)),
 			clientv3.Compare(clientv3.CreateRevision(k), "=", rev),
 		}, del, nil)})
 }

@@ -35,9 +35,10 @@ func delayRecords(t *testing.T, cli *clientv3.Client, name string) map[string]*r
 	require.NoError(t, err)
 	recs := map[string]*recordKV{}
 	for _, kv := range resp.Kvs {
-		// "TOKEN SECONDS"; token 0 is the record's create revision.
+		// "TOKEN SECONDS [MIN_HOLD_MS]"; token 0 is the record's create
+		// revision; a minimum hold's milliseconds follow if it has one.
 		f := strings.Fields(string(kv.Value))
-		require.Len(t, f, 2, "record %s: %q", kv.Key, kv.Value)
+		require.Contains(t, []int{2, 3}, len(f), "record %s: %q", kv.Key, kv.Value)
 		token, err := strconv.ParseInt(f[0], 10, 64)
 		require.NoError(t, err)
 		if token == 0 {
@@ -45,7 +46,13 @@ func delayRecords(t *testing.T, cli *clientv3.Client, name string) map[string]*r
 		}
 		secs, err := strconv.ParseInt(f[1], 10, 64)
 		require.NoError(t, err)
-		recs[strings.TrimPrefix(string(kv.Key), etcdlock.LockDelayPrefix)] = &recordKV{token: token, secs: secs, lease: kv.Lease}
+		var minHold time.Duration
+		if len(f) == 3 {
+			ms, err := strconv.ParseInt(f[2], 10, 64)
+			require.NoError(t, err)
+			minHold = time.Duration(ms) * time.Millisecond
+		}
+		recs[strings.TrimPrefix(string(kv.Key), etcdlock.LockDelayPrefix)] = &recordKV{token: token, secs: secs, lease: kv.Lease, minHold: minHold}
 	}
 	return recs
 }
@@ -89,6 +96,7 @@ func recordKeys(recs map[string]*recordKV) []string {
 type recordKV struct {
 	token, secs int64 // the hold's token, its delay in seconds
 	lease       int64
+	minHold     time.Duration // WithMinHold's, 0 for none
 }
 
 // TestLockDelayOptions: invalid delays are ErrInvalidOption, and a

@@ -15,6 +15,9 @@ import "errors"
 //	  └─does not pass───┘   ▼                                         │
 //	                    releasing (the session's releaser sends it) ──┘
 //
+// Unlock before a minimum hold has passed also moves a hold from held to
+// releasing (holdOn): the releaser sends its release once it has.
+//
 // A hold also ends from held or downgrading when it is lost (the loss
 // watch, the session's end, the max hold passing); it then stays the
 // queue's until Unlock says so. A release is the delete of the hold's key
@@ -95,6 +98,11 @@ func (h *hold) refuse() bool {
 // handOff moves h from unlocking to releasing: the session's releaser
 // owns the release, and the next Unlock is owed its outcome.
 func (h *hold) handOff() { h.state, h.owed = holdReleasing, true }
+
+// holdOn moves h from held to releasing for a minimum hold: the
+// session's releaser sends the release once the minimum hold has passed,
+// and the Unlock that asked for it is owed nothing.
+func (h *hold) holdOn() { h.state = holdReleasing }
 
 // sendAttempt records that a release attempt is sent, and reports whether
 // it is the first.

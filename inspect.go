@@ -64,6 +64,13 @@ type QueueKey struct {
 	// InSet says the key is one of a MultiMutex's: its set holds this
 	// lock only while it holds every name of the set.
 	InSet bool
+	// MinHold is the minimum hold (WithMinHold) the key's hold asked
+	// for, from its record: the lock stays taken until MinHold after
+	// the hold was admitted, even once its holder has unlocked (the key
+	// stays until then). 0 for none, or when the records could not be
+	// read.
+	MinHold time.Duration
+
 	// WaitsFor is, for a MultiMutex's key first in line, the name of its
 	// set that still keeps the set out: the key waits (others on this
 	// lock wait behind it, first come, first served), and nobody holds
@@ -91,6 +98,13 @@ type PendingDelay struct {
 	Key   string        // the key of the hold that ended: name/<lease ID in hex>
 	Token int64         // its token
 	Delay time.Duration // the delay it asked for
+	// MinHold is the hold's minimum hold (WithMinHold), 0 for none. With
+	// one, the record may be the rest of a minimum hold that the
+	// holder's Session.Close left to a lease (it then asks for that
+	// rest as Delay), or it keeps the lock free for Delay, the longer
+	// of the lock delay and the minimum hold, after a hold that ended
+	// without Unlock.
+	MinHold time.Duration
 	// Started says a waiter has begun the delay: it ends when Lease
 	// does, Left from the read (unless the leases were not read: then
 	// Left is 0). A delay not started begins with the next Lock or
@@ -326,13 +340,15 @@ func settle(q *LockQueue, recs []*mvccpb.KeyValue) {
 			continue
 		}
 		key := strings.TrimPrefix(string(kv.Key), LockDelayPrefix)
-		token, secs := parseDelay(kv)
-		if slices.ContainsFunc(q.Keys, func(k QueueKey) bool { return k.Key == key && k.Token == token }) {
+		rec := parseDelay(kv)
+		token := rec.token
+		if i := slices.IndexFunc(q.Keys, func(k QueueKey) bool { return k.Key == key && k.Token == token }); i >= 0 {
 			recorded[key] = true
+			q.Keys[i].MinHold = rec.minHold
 			continue
 		}
-		q.Delays = append(q.Delays, PendingDelay{Key: key, Token: token, Delay: time.Duration(secs) * time.Second,
-			Started: kv.Lease != 0, Lease: clientv3.LeaseID(kv.Lease)})
+		q.Delays = append(q.Delays, PendingDelay{Key: key, Token: token, Delay: time.Duration(rec.secs) * time.Second,
+			MinHold: rec.minHold, Started: kv.Lease != 0, Lease: clientv3.LeaseID(kv.Lease)})
 		if minToken < 0 || token < minToken {
 			minToken = token
 		}

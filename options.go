@@ -110,6 +110,7 @@ type mutexOptions struct {
 	// release (WithCancelOnRequest).
 	cancelOnRequest bool
 	delay           time.Duration // WithLockDelay's; 0 for none
+	minHold         time.Duration // WithMinHold's; 0 for none
 	err             error         // the first invalid option, reported by Lock and TryLock
 }
 

@@ -155,7 +155,7 @@ func (q *queue) keep(h *hold) {
 func (q *queue) refusedErr(err error) error {
 	pfxs := q.quotedPrefixes()
 	grants := "etcdlock grants"
-	if q.opts.delay > 0 {
+	if q.opts.records() {
 		pfxs = append(pfxs, strconv.Quote(q.delayPfx()))
 		grants += " --lock-delay"
 	}
@@ -205,7 +205,10 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 		return nil, q.cause(ctx, err)
 	}
 	h := &hold{rev: rev, mode: mode, hdr: hdr}
-	if q.opts.delay > 0 && !recorded {
+	if q.opts.minHold > 0 {
+		h.since = monotime() // the answer that admitted it has come: no sooner
+	}
+	if q.opts.records() && !recorded {
 		if err := q.writeDelay(bctx, rev); err != nil {
 			err = q.fail(bctx, rev, err)
 			q.releaseNames()
@@ -239,7 +242,13 @@ func (q *queue) validate() error {
 		if q.opts.delay > 0 {
 			return errorf("%w: a MultiMutex takes no lock delay", ErrInvalidOption)
 		}
+		if q.opts.minHold > 0 {
+			return errorf("%w: a MultiMutex takes no minimum hold", ErrInvalidOption)
+		}
 		return q.set.err
+	}
+	if err := q.checkMinHold(); err != nil {
+		return err
 	}
 	return checkName(q.name)
 }

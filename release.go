@@ -3,6 +3,8 @@ package etcdlock
 import (
 	"context"
 	"errors"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // The release of a hold, by Unlock or by the session's releaser. The
@@ -64,6 +66,9 @@ func (q *queue) unlock(ctx context.Context, match func(KeyMode) bool, op string)
 			q.finishNow(ctx, h)
 		}
 		return err
+	}
+	if left := q.minHoldLeft(h); left > 0 {
+		return q.holdOn(ctx, h, left, op) // unlocks q.mu
 	}
 	h.beginUnlock()
 	q.mu.Unlock()
@@ -143,6 +148,13 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 // then finished h, and returns what Unlock returns), or returns the RPC's
 // error: the attempt's outcome is unknown.
 func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ error) {
+	return q.attemptWith(ctx, h, op, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return q.releaseTxn(ctx, h.rev, true)
+	})
+}
+
+// attemptWith is attempt with the release's Txn sent by send.
+func (q *queue) attemptWith(ctx context.Context, h *hold, op string, send func(context.Context) (*clientv3.TxnResponse, error)) (done bool, _ error) {
 	q.mu.Lock()
 	if h.ended() {
 		q.mu.Unlock()
@@ -150,7 +162,7 @@ func (q *queue) attempt(ctx context.Context, h *hold, op string) (done bool, _ e
 	}
 	first := h.sendAttempt()
 	q.mu.Unlock()
-	resp, err := q.releaseTxn(ctx, h.rev, true)
+	resp, err := send(ctx)
 	q.mu.Lock()
 	goneMid := h.attemptAnswered()
 	q.mu.Unlock()

@@ -20,11 +20,19 @@ type releaser struct {
 	end  context.Context // the session's end
 	wake chan struct{}   // capacity 1: a release was added, or one ended
 
-	mu      sync.Mutex // guards the fields below
-	pending []pending
-	running bool
-	closed  bool          // the session has ended and waited for run: add takes nothing more
-	done    chan struct{} // closed when the last run started has returned
+	mu       sync.Mutex // guards the fields below
+	pending  []job
+	running  bool
+	flushing bool          // Session.Close asked for every job now, due or not
+	closed   bool          // the session has ended and waited for run: add takes nothing more
+	done     chan struct{} // closed when the last run started has returned
+}
+
+// A job is a pending and when it is due: the zero time for now, the end
+// of a minimum hold for a release Unlock asked for before it.
+type job struct {
+	run pending
+	due time.Time
 }
 
 // A pending is one job of the releaser: a release (queue.step), a tidy-up
@@ -43,17 +51,18 @@ func newReleaser(end context.Context) *releaser {
 // claimed), or a set's sweep. It reports false, and takes nothing, once
 // the session has ended: the keys go with the lease.
 func (r *releaser) add(p pending) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.addLocked(p)
+	return r.addAt(time.Time{}, p)
 }
 
-// addLocked is add, with r.mu held.
-func (r *releaser) addLocked(p pending) bool {
+// addAt is add of a job first run at due, or sooner when Session.Close
+// flushes the releaser or the session ends: the job tells by the time.
+func (r *releaser) addAt(due time.Time, p pending) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.closed || r.end.Err() != nil {
 		return false
 	}
-	r.pending = append(r.pending, p)
+	r.pending = append(r.pending, job{run: p, due: due})
 	if !r.running {
 		r.running = true
 		r.done = make(chan struct{})
@@ -76,6 +85,7 @@ func (r *releaser) signal() {
 // the session, which would leave them to the lease.
 func (r *releaser) flush(ctx context.Context) {
 	r.mu.Lock()
+	r.flushing = true
 	running, done := r.running, r.done
 	r.mu.Unlock()
 	if !running {
@@ -107,34 +117,76 @@ func (r *releaser) run(done chan struct{}) {
 	backoff := minBackoff
 	for {
 		r.mu.Lock()
-		work := r.pending
-		r.pending = nil
-		if len(work) == 0 {
+		if len(r.pending) == 0 {
 			r.running = false
 			r.mu.Unlock()
 			return
 		}
+		work, later := r.due()
+		r.pending = later
 		r.mu.Unlock()
-		var left []pending
-		for _, p := range work {
-			if !p() {
-				left = append(left, p)
+		var left []job
+		for _, j := range work {
+			if !j.run() {
+				left = append(left, j)
 			}
 		}
 		r.mu.Lock()
 		r.pending = append(left, r.pending...)
-		r.mu.Unlock()
-		if len(left) == 0 {
+		wait := r.untilDue()
+		if len(left) > 0 {
+			wait = backoff // (left is due: untilDue is 0)
+		} else {
 			backoff = minBackoff
+		}
+		r.mu.Unlock()
+		if wait == 0 {
 			continue
 		}
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(wait)
 		select {
 		case <-r.end.Done():
 		case <-r.wake:
 		case <-t.C:
 		}
 		t.Stop()
-		backoff = min(2*backoff, maxBackoff)
+		if len(left) > 0 {
+			backoff = min(2*backoff, maxBackoff)
+		}
 	}
+}
+
+// due splits the pending jobs into those to run now and those not yet
+// due: every job is due once Close flushes or the session has ended.
+// Called with r.mu held.
+func (r *releaser) due() (now, later []job) {
+	all := r.flushing || r.end.Err() != nil
+	t := time.Now()
+	for _, j := range r.pending {
+		if all || !t.Before(j.due) {
+			now = append(now, j)
+		} else {
+			later = append(later, j)
+		}
+	}
+	return now, later
+}
+
+// untilDue returns how long until the first pending job is due: 0 when
+// one is (or none is pending: run then returns). Called with r.mu held.
+func (r *releaser) untilDue() time.Duration {
+	if r.flushing || r.end.Err() != nil || len(r.pending) == 0 {
+		return 0
+	}
+	wait := time.Duration(-1)
+	for _, j := range r.pending {
+		d := time.Until(j.due)
+		if d <= 0 {
+			return 0
+		}
+		if wait < 0 || d < wait {
+			wait = d
+		}
+	}
+	return wait
 }

@@ -68,7 +68,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			if err := ctx.Err(); err != nil {
 				return 0, nil, false, q.fail(ctx, rev, err)
 			}
-			return rev, tresp.Header, q.opts.delay > 0, nil
+			return rev, tresp.Header, q.opts.records(), nil
 		}
 		resp = tresp
 		changed++
@@ -173,7 +173,7 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 		}
 	}
 	then := []clientv3.Op{put}
-	if q.opts.delay > 0 {
+	if q.opts.records() {
 		// A hold taken and ended without Unlock since the read leaves no
 		// key under the prefix, but a pending delay record: no record
 		// may have changed since the read either.
@@ -184,7 +184,7 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 		if read.own != nil {
 			token = read.own.CreateRevision
 		}
-		then = append(then, clientv3.OpPut(delayKey(q.key), delayValue(token, ttlSeconds(q.opts.delay))))
+		then = append(then, clientv3.OpPut(delayKey(q.key), q.recordValue(token)))
 	}
 	wctx, cancel := q.writeCtx(ctx)
 	defer cancel()

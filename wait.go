@@ -417,7 +417,7 @@ func (w *waiter) confirm(ctx context.Context, minRev int64) (queueRead, error) {
 // own (writeDelay).
 func (w *waiter) recording() bool {
 	q := w.q
-	return q.opts.delay > 0 && w.me.mode.Exclusive() // (a set takes no delay: validate)
+	return q.opts.records() && w.me.mode.Exclusive() // (a set takes no delay: validate)
 }
 
 // opRecord is the nested Txn of a recording waiter's reads: it writes
@@ -434,7 +434,7 @@ func (w *waiter) opRecord() clientv3.Op {
 			clientv3.Compare(clientv3.CreateRevision(q.pfx), ">", w.me.rev-1).WithPrefix(),
 			clientv3.Compare(clientv3.CreateRevision(q.delayPfx()), "=", 0).WithPrefix(),
 		},
-		[]clientv3.Op{clientv3.OpPut(delayKey(q.key), delayValue(w.me.rev, ttlSeconds(q.opts.delay)))}, nil)
+		[]clientv3.Op{clientv3.OpPut(delayKey(q.key), q.recordValue(w.me.rev))}, nil)
 }
 
 // readIfMine runs ops (ranges, given extra options) in a Txn that succeeds
