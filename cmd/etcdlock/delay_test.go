@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,4 +95,53 @@ func TestStatusWaitingForDelay(t *testing.T) {
 		t.Fatal("not admitted 30s after the delay ended")
 	}
 	require.NoError(t, w.Unlock(t.Context()))
+}
+
+// TestRunMinHold: run --min-hold keeps the lock taken after CMD and
+// etcdlock have exited, until the minimum hold has passed since the lock
+// was taken: status shows what keeps it, a --try run finds it held, and
+// a waiting run gets it no sooner.
+func TestRunMinHold(t *testing.T) {
+	t.Parallel()
+	name := lockName(t)
+	started := time.Now() // before the first run took the lock
+	r := runProc(t, nil, "run", "--try", "--min-hold", "6s", ep(), name, "--", "sh", "-c", `echo "$ETCDLOCK_KEY"`)
+	require.Equal(t, 0, r.code, r.stderr)
+	key := strings.TrimSpace(r.stdout)
+
+	r = runProc(t, nil, "status", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "minimum hold: "+key+" (minimum hold 6s) is gone, released before its minimum hold ended")
+	r = runProc(t, nil, "status", "--json", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st struct {
+		Delays []delayJSON `json:"lock_delays"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Len(t, st.Delays, 1)
+	require.Equal(t, 6.0, st.Delays[0].MinHold)
+	require.True(t, st.Delays[0].Started, "on a lease the first run left")
+
+	r = runProc(t, nil, "run", "--try", "--min-hold", "6s", ep(), name, "--", "true")
+	require.Equal(t, exitHeld, r.code, r.stderr)
+	r = runProc(t, nil, "run", "--min-hold", "6s", ep(), name, "--", "true")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.GreaterOrEqual(t, time.Since(started), 6*time.Second)
+}
+
+// TestRunMinHoldUsage: --min-hold is an exclusive lock's, within bounds.
+func TestRunMinHoldUsage(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--min-hold", "0.5ms"},
+		{"--min-hold", "25h"},
+		{"--min-hold", "1s", "--shared"},
+		{"--min-hold", "1s", "--permits", "1", "--of", "2"},
+		{"--min-hold", "1s", "-n", "2"},
+		{"--min-hold", "1s", "--also", "other"},
+	} {
+		r := runProc(t, nil, append(append([]string{"run", ep()}, args...), lockName(t), "--", "true")...)
+		require.Equal(t, exitUsage, r.code, "%v: %s", args, r.stderr)
+		require.Contains(t, r.stderr, "--min-hold", "%v", args)
+	}
 }

@@ -37,6 +37,13 @@ exclusive run excludes every other, and a waiter waits for those ahead of
 it, even where it would fit (no overtaking). 'etcdlock status' and
 'etcdlock ls' show each key's mode.
 
+With --min-hold D the lock stays taken until D after it was taken, even
+once CMD has exited: a job that several hosts fire on the same schedule,
+with --try, runs once per tick though their clocks disagree by less than D
+(choose D above that skew, below the interval less it). etcdlock waits
+for nothing at exit: etcd keeps the rest on a lease. Give it to every run
+of the name.
+
 With --also NAME2 (repeated for more names) it holds NAME and every NAME2
 at once, or none of them: a MultiMutex, whose keys join every name's queue
 in one write. Runs over overlapping names, given in any order, never
@@ -125,6 +132,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	onRelease := onReleaseFlag(fset)
 	var lockDelay time.Duration
 	durationVar(fset, &lockDelay, "lock-delay", 0, "if etcdlock dies holding the lock (or loses it), keep the lock free this `duration` after, rounded up to whole seconds, so that CMD's writes in flight land first (0: none)")
+	var minHold time.Duration
+	durationVar(fset, &minHold, "min-hold", 0, "keep the lock taken until this `duration` after it was taken, even once CMD has exited, so that a job fired by several hosts whose clocks disagree runs once (0: none)")
 	var also []string
 	fset.Func("also", "also hold the lock `NAME2`, all at once with NAME (repeat for more names)", func(v string) error {
 		also = append(also, v)
@@ -161,6 +170,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("run", "--lock-delay must be between %v and %v, not %v", etcdlock.MinTTL, etcdlock.MaxLockDelay, lockDelay)
 	case lockDelay != 0 && len(also) > 0:
 		return usageErr("run", "--lock-delay does not go with --also: a MultiMutex takes no lock delay")
+	case minHold != 0 && (minHold < time.Millisecond || minHold > etcdlock.MaxLockDelay):
+		return usageErr("run", "--min-hold must be between 1ms and %v, not %v", etcdlock.MaxLockDelay, minHold)
+	case minHold != 0 && (len(also) > 0 || *shared || permits != 0 || consulN != 0):
+		return usageErr("run", "--min-hold is for an exclusive lock: it does not go with --also, --shared, --permits or -n")
 	}
 	mode, err := runMode(fset, *shared, permits, capacity, consulN)
 	if err != nil {
@@ -175,7 +188,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if *onRelease != nil && len(cmdArgs) == 0 {
 		return usageErr("run", "--on-release passes a request on to CMD: give CMD")
 	}
-	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode, onRelease: *onRelease, lockDelay: lockDelay}
+	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode, onRelease: *onRelease, lockDelay: lockDelay, minHold: minHold}
 	if try.wait > 0 {
 		timeout = try.wait
 	}
@@ -354,6 +367,8 @@ type lockRun struct {
 	onRelease os.Signal
 	// lockDelay is --lock-delay's (etcdlock.WithLockDelay); 0 for none.
 	lockDelay time.Duration
+	// minHold is --min-hold's (etcdlock.WithMinHold); 0 for none.
+	minHold time.Duration
 	// mode is what a locker takes: the lock alone (the zero KeyMode), a
 	// read lock (Shared), or permits (Weight of Capacity).
 	mode etcdlock.KeyMode
@@ -394,6 +409,9 @@ func (r *lockRun) newHold(s *etcdlock.Session) holdable {
 	opts := []etcdlock.MutexOption{etcdlock.WithIdentity(newRunRecord(r.cmdName))}
 	if r.lockDelay > 0 {
 		opts = append(opts, etcdlock.WithLockDelay(r.lockDelay))
+	}
+	if r.minHold > 0 {
+		opts = append(opts, etcdlock.WithMinHold(r.minHold))
 	}
 	switch {
 	case r.mode.Shared:
@@ -499,7 +517,14 @@ func (r *lockRun) endSession(ctx context.Context) {
 	if r.lost {
 		timeout = min(timeout, lostCleanupTimeout)
 	}
-	revoke(ctx, r.s, r.cli, timeout)
+	if r.minHold > 0 && !r.lost {
+		// Close, unlike revoke, moves what is left of a minimum hold
+		// onto a lease of its own before the lease goes: the lock stays
+		// taken while etcdlock exits.
+		_ = r.s.Close()
+	} else {
+		revoke(ctx, r.s, r.cli, timeout)
+	}
 	r.s, r.m = nil, nil
 }
 
@@ -562,7 +587,7 @@ func (r *lockRun) acquire(try bool, timeout time.Duration, quiet bool) error {
 		return err // no session: startSession said why
 	default:
 		var also []string // what else the Lock writes
-		if r.lockDelay > 0 {
+		if r.lockDelay > 0 || r.minHold > 0 {
 			also = append(also, etcdlock.LockDelayPrefix+r.name+"/")
 		}
 		return r.conn.explain(fmt.Errorf("%s: %w", r.what(), err), "write key", r.m.Key(), also...)

@@ -108,7 +108,11 @@ type delayJSON struct {
 	Key     string  `json:"key"`   // the key of the hold that ended
 	Token   int64   `json:"token"` // its token
 	Delay   float64 `json:"delay_seconds"`
-	Started bool    `json:"started"`                // a waiter has begun it; else the next lock begins it
+	Started bool    `json:"started"` // a waiter has begun it; else the next lock begins it
+	// MinHold is the ended hold's minimum hold in seconds, when it had
+	// one: a started record may then be the rest of a minimum hold that
+	// the holder left to etcd as it exited.
+	MinHold float64 `json:"min_hold_seconds,omitempty"`
 	Left    *int64  `json:"left_seconds,omitempty"` // what is left of it, when started and read
 }
 
@@ -163,6 +167,10 @@ type holderJSON struct {
 	// ReleaseRequested: the holder was asked to release (etcdlock
 	// release) and has not yet.
 	ReleaseRequested bool `json:"release_requested,omitempty"`
+	// MinHold is the hold's minimum hold in seconds (etcdlock run
+	// --min-hold): the key stays until then after the lock was taken,
+	// even once its holder is done. Absent when none.
+	MinHold float64 `json:"min_hold_seconds,omitempty"`
 
 	leaseNote string // why LeaseTTL is absent, for the text output
 }
@@ -250,7 +258,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 		st.Waiters = append(st.Waiters, w)
 	}
 	for _, k := range q.Holders() {
-		h := &holderJSON{Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), ReleaseRequested: k.ReleaseRequested}
+		h := &holderJSON{Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), ReleaseRequested: k.ReleaseRequested, MinHold: k.MinHold.Seconds()}
 		switch {
 		case k.Lease == clientv3.NoLease:
 			h.leaseNote = "none: the key was not put by a lock client"
@@ -273,7 +281,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 		st.Holder = st.Holders[0]
 	}
 	for _, d := range q.Delays {
-		dj := delayJSON{Key: d.Key, Token: d.Token, Delay: d.Delay.Seconds(), Started: d.Started}
+		dj := delayJSON{Key: d.Key, Token: d.Token, Delay: d.Delay.Seconds(), Started: d.Started, MinHold: d.MinHold.Seconds()}
 		if d.Left > 0 {
 			left := int64(d.Left / time.Second)
 			dj.Left = &left
@@ -286,6 +294,10 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 // printDelays prints st's pending lock delays, a line each.
 func printDelays(w io.Writer, st *statusJSON) {
 	for _, d := range st.Delays {
+		if d.MinHold > 0 {
+			printMinHold(w, d)
+			continue
+		}
 		switch {
 		case d.Left != nil:
 			fmt.Fprintf(w, "lock delay: %s ended without a release; the lock stays free %ds more (of %gs)\n", d.Key, *d.Left, d.Delay)
@@ -294,6 +306,22 @@ func printDelays(w io.Writer, st *statusJSON) {
 		default:
 			fmt.Fprintf(w, "lock delay: %s ended without a release; its %gs delay begins with the next lock\n", d.Key, d.Delay)
 		}
+	}
+}
+
+// printMinHold prints a pending record of a hold with a minimum hold: it
+// keeps the lock taken, whether its holder left the rest of its minimum
+// hold to etcd as it exited or ended without a release; etcd keeps
+// nothing that tells the two apart.
+func printMinHold(w io.Writer, d delayJSON) {
+	const what = "minimum hold: %s (minimum hold %gs) is gone, released before its minimum hold ended or ended without a release; "
+	switch {
+	case d.Left != nil:
+		fmt.Fprintf(w, what+"nobody takes the lock for %ds more\n", d.Key, d.MinHold, *d.Left)
+	case d.Started:
+		fmt.Fprintf(w, what+"nobody takes the lock until its %gs lease ends\n", d.Key, d.MinHold, d.Delay)
+	default:
+		fmt.Fprintf(w, what+"the next lock waits %gs first\n", d.Key, d.MinHold, d.Delay)
 	}
 }
 
@@ -389,6 +417,9 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 		fmt.Fprintf(w, "value: %s (an election leader's proposal, or what the holder put)\n", strconv.Quote(*h.Value))
 	}
 	fmt.Fprintf(w, "holder's lease: %s\n", h.leaseText())
+	if h.MinHold > 0 {
+		fmt.Fprintf(w, "minimum hold: %gs: the lock stays taken until %gs after it was taken, even once its holder is done\n", h.MinHold, h.MinHold)
+	}
 	if h.HeldSince == nil && h.QueuedAt == nil {
 		fmt.Fprintf(w, "held since: unknown (etcd keeps no timestamps and the holder recorded none); key created at revision %d\n", h.Token)
 		return
