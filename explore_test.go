@@ -121,6 +121,9 @@ type exploreKind struct {
 	// delay says that every actor's lock has a lock delay (WithLockDelay):
 	// the schedule checks what a delay promises (see checkAdmitted).
 	delay bool
+	// minHold, if not nil, is the minimum hold (WithMinHold) of actor
+	// id's lock: the schedule checks what it promises (checkMinHold).
+	minHold func(id int) time.Duration
 	// short is how many schedules the short mode runs on one member, when
 	// not 12: a kind whose schedules wait out lock delays (a second or
 	// two each) runs fewer, so that it takes no longer than the others.
@@ -157,7 +160,7 @@ var unlockClose = exploreOp{"UnlockClose", false, true, func(ctx context.Context
 	start := time.Now()
 	cerr := s.Close()
 	if token != 0 && lost == nil && time.Since(start) < 4*time.Second {
-		a.x.checkCleanRelease(key, token)
+		a.x.checkCleanRelease(key, token, a.x.k.minHold != nil)
 	}
 	if errors.Is(err, context.Canceled) {
 		err = nil // the release went to the background: Close sent it
@@ -169,7 +172,10 @@ var unlockClose = exploreOp{"UnlockClose", false, true, func(ctx context.Context
 // created at token, which Unlock then Close released cleanly, unless a
 // fault made it pending (its end was noted) or the key was gone before
 // the release.
-func (x *schedule) checkCleanRelease(key string, token int64) {
+//
+// With a minimum hold, Close leaves the rest of one that has not passed
+// on a lease of its own (leased): such a record is no delay.
+func (x *schedule) checkCleanRelease(key string, token int64, leased bool) {
 	ctx, cancel := context.WithTimeout(x.ctx, 10*time.Second)
 	defer cancel()
 	pending, err := x.pendingAt(ctx, 0)
@@ -177,7 +183,7 @@ func (x *schedule) checkCleanRelease(key string, token int64) {
 		return
 	}
 	r, ok := pending[etcdlock.LockDelayPrefix+key]
-	if !ok || r.token != token {
+	if !ok || r.token != token || leased && r.lease != 0 {
 		return
 	}
 	// A fault that ended the hold notes its delay just after it: look
@@ -201,6 +207,11 @@ func (x *schedule) checkCleanRelease(key string, token int64) {
 // delay must wait out a hold's other one.
 var lockDelays = []time.Duration{time.Second, time.Second, 2 * time.Second}
 
+// minHolds are the minimum holds of the MutexMinHold actors' locks, actor
+// id's the id%3-th: under a second, so that Session.Close leaves the rest
+// to etcd's least lease TTL, and one longer than the others.
+var minHolds = []time.Duration{time.Second, time.Second, 1500 * time.Millisecond}
+
 var exploreKinds = []*exploreKind{
 	{
 		name:  "Mutex",
@@ -218,6 +229,24 @@ var exploreKinds = []*exploreKind{
 		quick: []string{"TryLock", "TryLock", "Unlock"},
 		delay: true,
 		short: 6,
+	},
+	{
+		// A minimum hold on every actor's Mutex, those of minHolds, and
+		// on one a lock delay too: both keep their records, and a
+		// schedule checks what each promises.
+		name: "MutexMinHold",
+		mk: func(s *etcdlock.Session, name string, id int) prim {
+			opts := []etcdlock.MutexOption{etcdlock.WithMinHold(minHolds[id%len(minHolds)])}
+			if id%3 == 1 {
+				opts = append(opts, etcdlock.WithLockDelay(time.Second))
+			}
+			return etcdlock.NewMutex(s, name, opts...)
+		},
+		ops:     append(mutexOps[:len(mutexOps):len(mutexOps)], unlockClose),
+		quick:   []string{"TryLock", "TryLock", "Unlock"},
+		delay:   true,
+		minHold: func(id int) time.Duration { return minHolds[id%len(minHolds)] },
+		short:   6,
 	},
 	{
 		name: "RWMutex",
@@ -404,6 +433,7 @@ type schedule struct {
 	pending   []*noted
 	running   map[string]bool
 	returned  map[int64]bool
+	minHolds  []minHoldHold // the holds returned, in a kind with a minimum hold
 	met       delayMet
 	delayDone chan struct{} // closed when watchDelays returned
 }
@@ -446,6 +476,7 @@ type inflight struct {
 	done   chan error
 	rev    int64 // etcd's revision when it began
 	reqs   int   // release requests that had returned when it began
+	began  time.Time
 }
 
 func (x *schedule) logf(format string, args ...any) {
@@ -700,7 +731,7 @@ func (x *schedule) start(step int, a *actor, op exploreOp, d draws) {
 		x.logf("step %d: a%d: (taken meanwhile by %s)", step, a.id, busy)
 		return
 	}
-	f := &inflight{name: op.name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision(), reqs: x.requestCount()}
+	f := &inflight{name: op.name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision(), reqs: x.requestCount(), began: time.Now()}
 	a.op = f
 	if op.name == "Do" {
 		a.turn = make(chan struct{})
@@ -1486,7 +1517,7 @@ func (x *schedule) quickOpNamed(ctx context.Context, target *actor, d draws, nam
 	if name == "Campaign" {
 		ctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
 	}
-	f := &inflight{name: name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision(), reqs: x.requestCount()}
+	f := &inflight{name: name, op: op, cancel: cancel, done: make(chan error, 1), rev: x.revision(), reqs: x.requestCount(), began: time.Now()}
 	// The actor is taken in the same critical section that finds it idle:
 	// the step's own operation may be starting on it at this moment (see
 	// start), and one of the two would otherwise overwrite the other's
@@ -1736,6 +1767,8 @@ type delayMet struct {
 	waited, near int
 	checked      int // admissions checked at their header's revision
 	unread       int // admissions not checked: their revision was compacted
+	minHolds     int // admissions checked against the minimum holds before them
+	minNear      int // of those, admissions less than twice a minimum hold after an older hold was asked for
 	// Schedules in which a fault made a delay pending, a delay started,
 	// a hold was admitted after one.
 	runsPending, runsStarted, runsWaited int
@@ -1749,6 +1782,8 @@ func (m *delayMet) add(o delayMet) {
 	m.near += o.near
 	m.checked += o.checked
 	m.unread += o.unread
+	m.minHolds += o.minHolds
+	m.minNear += o.minNear
 	for _, c := range []struct {
 		n    int
 		runs *int
@@ -1762,8 +1797,8 @@ func (m *delayMet) add(o delayMet) {
 func (m *delayMet) String() string {
 	return fmt.Sprintf("of %d schedules, %d had delays made pending (%d delays), %d had delays started (%d), "+
 		"%d had holds admitted after one (%d delays, %d of them less than twice the delay after the fault); "+
-		"%d admissions checked at their revision, %d not (compacted)",
-		m.runs, m.runsPending, m.pending, m.runsStarted, m.started, m.runsWaited, m.waited, m.near, m.checked, m.unread)
+		"%d admissions checked at their revision, %d not (compacted); %d against the minimum holds before them (%d less than twice one after its hold was asked for)",
+		m.runs, m.runsPending, m.pending, m.runsStarted, m.started, m.runsWaited, m.waited, m.near, m.checked, m.unread, m.minHolds, m.minNear)
 }
 
 // A delayRecord is a delay record as the checker reads it.
@@ -1783,15 +1818,19 @@ type noted struct {
 	checked bool      // a later hold was checked against it
 }
 
-// parseDelay reads a record, whose value is "<token> <seconds>", as the
-// library does: token 0 is the record's own create revision (a record put
-// with its key, in one Txn), and a value it cannot read is a delay of a
-// second of token 0 (a key that never held).
+// parseDelay reads a record, whose value is "<token> <seconds>", then a
+// minimum hold's milliseconds if it has one, as the library does: token 0
+// is the record's own create revision (a record put with its key, in one
+// Txn), and a value it cannot read is a delay of a second of token 0 (a
+// key that never held).
 func parseDelay(kv *mvccpb.KeyValue) (token, secs int64) {
-	t, sec, ok := strings.Cut(string(kv.Value), " ")
-	token, err1 := strconv.ParseInt(t, 10, 64)
-	secs, err2 := strconv.ParseInt(sec, 10, 64)
-	if !ok || err1 != nil || err2 != nil || token < 0 || secs < 1 {
+	f := strings.Fields(string(kv.Value))
+	if len(f) != 2 && len(f) != 3 {
+		return 0, 1
+	}
+	token, err1 := strconv.ParseInt(f[0], 10, 64)
+	secs, err2 := strconv.ParseInt(f[1], 10, 64)
+	if err1 != nil || err2 != nil || token < 0 || secs < 1 {
 		return 0, 1
 	}
 	if token == 0 {
@@ -1878,8 +1917,56 @@ func (x *schedule) admitted(a *actor, by string) {
 	}
 	a.mu.Lock()
 	m := a.p.(*etcdlock.Mutex)
+	var began time.Time
+	if a.op != nil {
+		began = a.op.began
+	}
 	a.mu.Unlock()
-	x.checkAdmitted(m, fmt.Sprintf("a%d's %s", a.id, by))
+	what := fmt.Sprintf("a%d's %s", a.id, by)
+	x.checkAdmitted(m, what)
+	if x.k.minHold != nil && !began.IsZero() {
+		x.checkMinHold(m.Token(), began, x.k.minHold(a.id), what)
+	}
+}
+
+// A minHoldHold is a hold an acquisition returned, in a kind with a
+// minimum hold: its token, and when the acquisition was asked for (before
+// etcd admitted it).
+type minHoldHold struct {
+	token   int64
+	asked   time.Time
+	minHold time.Duration
+	what    string
+}
+
+// checkMinHold checks the hold with token that what (an acquisition asked
+// for at asked) has just returned, with a minimum hold of d, against the
+// holds returned before it: each older one was admitted after it was
+// asked for, and no other hold may be admitted sooner than its minimum
+// hold after that, so the new one may not return sooner, whatever
+// happened to the older (an Unlock, a Close, a fault). Only a hold
+// returned too soon is reported: a check that cannot misfire.
+func (x *schedule) checkMinHold(token int64, asked time.Time, d time.Duration, what string) {
+	now := time.Now()
+	x.mu.Lock()
+	var early []string
+	near := false
+	for _, h := range x.minHolds {
+		near = near || h.token < token && now.Before(h.asked.Add(2*h.minHold))
+		if h.token < token && now.Before(h.asked.Add(h.minHold)) {
+			early = append(early, fmt.Sprintf("%s returned a hold (token %d) %v after %s asked for the hold of token %d, before its minimum hold of %v",
+				what, token, now.Sub(h.asked).Round(time.Millisecond), h.what, h.token, h.minHold))
+		}
+	}
+	x.minHolds = append(x.minHolds, minHoldHold{token: token, asked: asked, minHold: d, what: what})
+	x.met.minHolds++
+	if near {
+		x.met.minNear++
+	}
+	x.mu.Unlock()
+	for _, e := range early {
+		x.violation("%s", e)
+	}
 }
 
 // checkAdmitted checks the hold of m, a lock with a delay, that what (an
@@ -2038,6 +2125,9 @@ func (x *schedule) lastLock() {
 		return
 	}
 	x.checkAdmitted(m, "the last Lock")
+	if x.k.minHold != nil {
+		x.checkMinHold(m.Token(), start, 0, "the last Lock")
+	}
 	if err := m.Unlock(ctx); err != nil {
 		x.logf("end: Unlock: %v", err)
 	}
