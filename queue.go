@@ -157,7 +157,11 @@ func (q *queue) refusedErr(err error) error {
 	grants := "etcdlock grants"
 	if q.opts.records() {
 		pfxs = append(pfxs, strconv.Quote(q.delayPfx()))
-		grants += " --lock-delay"
+		if q.opts.delay > 0 {
+			grants += " --lock-delay"
+		} else {
+			grants += " --min-hold"
+		}
 	}
 	return errorf("a lock of %s reads and writes the keys with prefix %s, and its user needs readwrite permission on each ('%s NAME...' prints the etcdctl lines): %w",
 		q.label(), strings.Join(pfxs, " and "), grants, err)

@@ -19,8 +19,9 @@ them to the role of the users that run etcdlock (or a program of this
 library) with authentication on.
 
   run, elect, a Mutex, ...   readwrite on the keys with prefix NAME/
-  --lock-delay               also readwrite on __etcdlock/delay/NAME/
-                             (run --lock-delay, WithLockDelay)
+  --lock-delay, --min-hold   also readwrite on __etcdlock/delay/NAME/
+                             (run --lock-delay, WithLockDelay, run
+                             --min-hold, WithMinHold: the same records)
   --requests                 also readwrite on __etcdlock/release/NAME/
                              (etcdlock release, run --on-release,
                              RequestRelease, ReleaseRequested)
@@ -36,6 +37,7 @@ func cmdGrants(args []string, stdout, _ io.Writer) error {
 	fs := newFlagSet("grants")
 	role := fs.String("role", "ROLE", "the etcd `role` the lines grant to")
 	delay := fs.Bool("lock-delay", false, "the locks take a lock delay: also the delay records' keys")
+	minHold := fs.Bool("min-hold", false, "the locks take a minimum hold: also its records' keys (those of --lock-delay)")
 	requests := fs.Bool("requests", false, "release requests are made or heard: also the request keys")
 	observe := fs.Bool("observe-only", false, "read only: status, ls NAME, elect --listen")
 	// Flags may come between the names: parse as many names as there are
@@ -64,7 +66,7 @@ func cmdGrants(args []string, stdout, _ io.Writer) error {
 		perm = "read"
 	}
 	for _, n := range names {
-		for _, p := range grantPrefixes(n, *delay, *requests) {
+		for _, p := range grantPrefixes(n, *delay || *minHold, *requests) {
 			fmt.Fprintf(stdout, "etcdctl role grant-permission %s %s --prefix %s\n", shellQuote(*role), perm, shellQuote(p))
 		}
 	}

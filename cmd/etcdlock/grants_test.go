@@ -103,4 +103,10 @@ etcdctl role grant-permission ops readwrite --prefix __etcdlock/release/a/
 etcdctl role grant-permission ops readwrite --prefix 'it'\''s/'
 etcdctl role grant-permission ops readwrite --prefix '__etcdlock/release/it'\''s/'
 `, r.stdout)
+	// A minimum hold keeps its records where a lock delay does.
+	r = runProc(t, nil, "grants", "--role", "ops", "--min-hold", "a")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, `etcdctl role grant-permission ops readwrite --prefix a/
+etcdctl role grant-permission ops readwrite --prefix __etcdlock/delay/a/
+`, r.stdout)
 }
