@@ -325,6 +325,10 @@ func BenchmarkLockDelay(b *testing.B) {
 	}
 }
 
+// BenchmarkMinHold: our Mutex with WithMinHold against our Mutex
+// without, uncontended.
+func BenchmarkMinHold(b *testing.B) { benchScenario(b, "minhold-uncontended") }
+
 // BenchmarkMultiMutex: one hold over two names, our MultiMutex against a
 // Mutex per name locked in sorted order (etcd's, and ours).
 func BenchmarkMultiMutex(b *testing.B) {
