@@ -2,10 +2,12 @@ package etcdlock_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -83,6 +85,7 @@ func testHolderLearnsFirstAll(t *testing.T, f flavor) {
 		{name: "CutAfterLateAnswers", late: time.Second},
 		{name: "CutAsHoldWatchStarts", inWatchStart: true},
 		{name: "CutBeforeDone", beforeDone: true},
+		{name: "RenewalsLandAtExpiry", landAtExpiry: true},
 		{name: "MaxHoldCut", maxHold: 2 * time.Second},
 		{name: "MaxHoldCutAsHoldWatchStarts", maxHold: 2 * time.Second, inWatchStart: true},
 		{name: "MaxHoldCutBeforeDone", maxHold: 2 * time.Second, beforeDone: true},
@@ -101,6 +104,13 @@ type cutOff struct {
 	inWatchStart bool          // cut as the loss watch is made, not once it waits
 	beforeDone   bool          // cut before Done opens the loss watch
 	maxHold      time.Duration // WithMaxHold, with a session that outlives the test
+	// landAtExpiry: instead of a cut, the requests are held from just
+	// after a renewal was answered, and let go 100ms after the lease
+	// expired by etcd's clock: the renewals sent meanwhile reach etcd as
+	// its lessor finds the lease expired (etcd 3.7's FastLeaseKeepAlive
+	// renews without waiting for the applied index; see
+	// TestRenewalAfterExpiryRefused).
+	landAtExpiry bool
 }
 
 // ttl is the holder's session TTL: 3s, and 6s with late answers. Answers
@@ -227,6 +237,9 @@ func testHolderLearnsFirst(t *testing.T, c cutOff, f flavor) {
 	}
 
 	stalls := startStallProbe(t)
+	if c.landAtExpiry {
+		cut = holdRequestsPastExpiry(t, px, probe, hs.TTL())
+	}
 	if cut.IsZero() {
 		px.Cut()
 		cut = time.Now()
@@ -294,6 +307,91 @@ func testHolderLearnsFirst(t *testing.T, c cutOff, f flavor) {
 	t.Logf("cut off: holder told after %v, waiter acquired after %v (TTL %v, max hold %v)",
 		told.Round(time.Millisecond), a.at.Sub(cut).Round(time.Millisecond), hs.TTL(), c.maxHold)
 	require.NoError(t, m.Unlock(t.Context()))
+}
+
+// holdRequestsPastExpiry holds every request through px from just after
+// one of the session's renewals was answered (so etcd renewed the lease
+// then, or a little before) until 100ms after that renewal's lease ran out
+// by etcd's clock (ttl after it at the latest), and returns when the hold
+// began. The renewals sent meanwhile reach etcd together, as its lessor
+// finds the lease expired: a Renew of an expired lease waits for its
+// revoke and answers that the lease is gone.
+func holdRequestsPastExpiry(t *testing.T, px *etcdtest.Proxy, probe *clientProbe, ttl time.Duration) time.Time {
+	t.Helper()
+	for len(probe.rtts) > 0 {
+		<-probe.rtts
+	}
+	select {
+	case <-probe.rtts:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal answered in 10s")
+	}
+	px.PauseTx()
+	held := time.Now()
+	release := time.AfterFunc(ttl+100*time.Millisecond, px.UnpauseTx)
+	t.Cleanup(func() {
+		if release.Stop() {
+			px.UnpauseTx()
+		}
+	})
+	return held
+}
+
+// TestRenewalAfterExpiryRefused: a lease renewal that reaches etcd after
+// the lease expired, but before the revoke that the expiry causes has been
+// applied, is refused: etcd 3.7's FastLeaseKeepAlive (on by default since
+// 3.7.1) renews without waiting for the applied index, but its lessor
+// makes a renewal of an expired lease wait for the revoke and answer that
+// the lease is gone (server/lease/lessor.go, Renew). A holder's deadline,
+// counted from when it sent its last confirmed renewal, is safe only if
+// no renewal is confirmed after expiry. The renewal is held in the proxy
+// from just after one was answered until 50 to 650ms past the lease's end
+// (etcd's lessor looks for expired leases every 500ms, so some land before
+// the revoke, where the feature could have erred); the answer's delay
+// after the hold ends is logged: a long one waited for the revoke.
+func TestRenewalAfterExpiryRefused(t *testing.T) {
+	t.Parallel()
+	// The premise, where the server has the feature: it is on.
+	resp, err := http.Get(endpoints[0] + "/metrics")
+	require.NoError(t, err)
+	metrics, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	st, err := newClient(t).Status(t.Context(), endpoints[0])
+	require.NoError(t, err)
+	const feature = `etcd_server_feature_enabled{name="FastLeaseKeepAlive",`
+	if i := bytes.Index(metrics, []byte(feature)); i >= 0 {
+		line, _, _ := bytes.Cut(metrics[i:], []byte("\n"))
+		require.True(t, bytes.HasSuffix(line, []byte("} 1")), "etcd %s has FastLeaseKeepAlive off: %s", st.Version, line)
+		t.Logf("etcd %s: FastLeaseKeepAlive is on", st.Version)
+	} else {
+		require.False(t, strings.HasPrefix(st.Version, "3.7."), "etcd %s reports no FastLeaseKeepAlive", st.Version)
+		t.Logf("etcd %s has no FastLeaseKeepAlive: renewals wait for the applied index", st.Version)
+	}
+	for _, late := range []time.Duration{50, 200, 350, 500, 650} {
+		late *= time.Millisecond
+		t.Run(late.String(), func(t *testing.T) {
+			t.Parallel()
+			px := etcdtest.NewProxy(t, endpoints[0])
+			cli := cluster.Client(t, clientv3.Config{Endpoints: []string{px.URL()}})
+			const ttl = 2 * time.Second
+			g, err := cli.Grant(t.Context(), int64(ttl/time.Second))
+			require.NoError(t, err)
+			_, err = cli.KeepAliveOnce(t.Context(), g.ID)
+			require.NoError(t, err)
+			px.PauseTx() // etcd renewed the lease before this: it ends by ttl from now
+			released := make(chan time.Time, 1)
+			release := time.AfterFunc(ttl+late, func() {
+				px.UnpauseTx()
+				released <- time.Now()
+			})
+			defer release.Stop()
+			ka, err := cli.KeepAliveOnce(t.Context(), g.ID)
+			answered := time.Now()
+			require.ErrorIs(t, err, rpctypes.ErrLeaseNotFound, "a renewal that reached etcd %v after the lease's end was answered %+v", late, ka)
+			t.Logf("landed %v after the lease's end at the latest; answered %v after that", late, answered.Sub(<-released).Round(time.Millisecond))
+		})
+	}
 }
 
 // stallProbe records when the test process stalls: when a goroutine that
