@@ -139,7 +139,7 @@ func (set *multiSet) watchHold(h *hold) bool {
 	}
 	set.watched, set.watches = h, make([]*keyWatch, 0, len(set.parts)-1)
 	for _, p := range set.parts[1:] {
-		kw := set.lead.s.watcher.watchHold(p, h)
+		kw := set.lead.s.watcher.watchHold(p, h, false)
 		if kw == nil {
 			return false
 		}
@@ -264,4 +264,21 @@ func (q *queue) sweepOthers(h *hold) {
 	if q.set != nil {
 		q.s.releaser.add(func() bool { return q.sweep(h) })
 	}
+}
+
+// label is q's name in events (LockInfo.Name): its name, or its set's
+// names joined by ",".
+func (q *queue) label() string {
+	if q.set != nil {
+		return q.set.label
+	}
+	return q.name
+}
+
+// owner returns the queue that owns q's hold: q, or its set's lead.
+func (q *queue) owner() *queue {
+	if q.set != nil {
+		return q.set.lead
+	}
+	return q
 }

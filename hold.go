@@ -95,7 +95,7 @@ func (q *queue) Done() <-chan struct{} {
 	if h.watch == nil && !h.ended() {
 		// finish stops the watch; the session's end ends it, and the
 		// hold with it.
-		if h.watch = q.s.watcher.watchHold(q, h); h.watch == nil || !q.set.watchHold(h) {
+		if h.watch = q.s.watcher.watchHold(q, h, true); h.watch == nil || !q.set.watchHold(h) {
 			ended, err = h.seenGone(q.s.Err()) // the session has ended
 		}
 	}

@@ -87,51 +87,6 @@ func (q *queue) checkMinHold() error {
 	return nil
 }
 
-// minHoldLeft returns how long h's minimum hold still lasts: 0 when q
-// has none or it has passed.
-func (q *queue) minHoldLeft(h *hold) time.Duration {
-	if q.opts.minHold == 0 {
-		return 0
-	}
-	return max(0, q.opts.minHold-(monotime()-h.since))
-}
-
-// holdOn is Unlock of h before its minimum hold has passed (left more),
-// called with q.mu held, which it unlocks: the releaser sends the release
-// then. The Mutex no longer holds; nothing is owed to a later Unlock.
-func (q *queue) holdOn(ctx context.Context, h *hold, left time.Duration, op string) error {
-	h.holdOn()
-	if h.done == nil {
-		h.done = make(chan struct{})
-	}
-	q.h, q.last = nil, h
-	q.mu.Unlock()
-	until := time.Now().Add(left)
-	if !q.s.releaser.addAt(until, func() bool { return q.stepMinHold(h, until) }) {
-		// The session has ended: the key goes with its lease, and the
-		// record keeps the minimum hold.
-		return q.endRelease(ctx, h, nil, true, op)
-	}
-	return nil
-}
-
-// stepMinHold is one round of the releaser for h, whose Unlock came
-// before its minimum hold passed at until: the release once until has
-// come; before then (Close flushes the releaser) the rest moves onto a
-// lease of its own with the key's delete (leaveToLease).
-func (q *queue) stepMinHold(h *hold, until time.Time) bool {
-	left := time.Until(until)
-	if left <= 0 || q.s.Err() != nil {
-		return q.step(h, false)
-	}
-	actx, cancel := context.WithTimeout(q.s.endCtx, cleanupTimeout)
-	defer cancel()
-	done, _ := q.attemptWith(actx, h, "Unlock", func(ctx context.Context) (*clientv3.TxnResponse, error) {
-		return q.leaveToLease(ctx, h.rev, left)
-	})
-	return done
-}
-
 // leaveToLease deletes the key of the hold created at rev, if it is
 // still that hold's, and puts the hold's record, asking for left (rounded
 // up to seconds), on a lease of that TTL in the same Txn: the record

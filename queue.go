@@ -299,20 +299,3 @@ func (q *queue) Token() int64 {
 	}
 	return q.h.rev
 }
-
-// label is q's name in events (LockInfo.Name): its name, or its set's
-// names joined by ",".
-func (q *queue) label() string {
-	if q.set != nil {
-		return q.set.label
-	}
-	return q.name
-}
-
-// owner returns the queue that owns q's hold: q, or its set's lead.
-func (q *queue) owner() *queue {
-	if q.set != nil {
-		return q.set.lead
-	}
-	return q
-}

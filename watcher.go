@@ -80,6 +80,9 @@ type keyWatch struct {
 	// refusals counts etcd's refusals of the watch in a row: the pause
 	// before the next attempt doubles with each.
 	refusals uint8
+	// limits: it keeps h's max hold timer. A set's hold has a watch for
+	// each key; the one of the set's lead keeps it.
+	limits bool
 }
 
 // A blockerWatch watches a key ahead of a waiter, or the lock's whole
@@ -173,15 +176,16 @@ func newSessionWatcher(s *Session) *sessionWatcher {
 	return w
 }
 
-// watchHold starts watching h's key, from h's admission on, and returns
-// the watch, or nil if the session has ended (then the hold is lost).
+// watchHold starts watching h's key on q, from h's admission on, and
+// returns the watch, or nil if the session has ended (then the hold is
+// lost). limits says the watch keeps h's max hold timer (see keyWatch).
 // Called with h's queue.mu held.
-func (w *sessionWatcher) watchHold(q *queue, h *hold) *keyWatch {
+func (w *sessionWatcher) watchHold(q *queue, h *hold, limits bool) *keyWatch {
 	from := int64(0)
 	if h.hdr != nil {
 		from = h.hdr.Revision + 1
 	}
-	kw := &keyWatch{w: w, q: q, h: h, rev: h.rev, from: from}
+	kw := &keyWatch{w: w, q: q, h: h, rev: h.rev, from: from, limits: limits}
 	if !w.add(kw) {
 		return nil
 	}
@@ -265,10 +269,9 @@ func (w *sessionWatcher) add(kw *keyWatch) bool {
 		w.watches = make(map[*keyWatch]struct{})
 	}
 	w.watches[kw] = struct{}{}
-	if kw.h != nil && kw.h.limit != nil && kw.q.owner() == kw.q {
+	if kw.limits && kw.h.limit != nil {
 		// The max hold ends the hold whatever the watch is doing, even
-		// waiting on a link that is cut. (A set's hold has a watch for
-		// each key; the one of the set's lead keeps the timer.)
+		// waiting on a link that is cut.
 		kw.h.limit.timer = time.AfterFunc(time.Until(kw.h.maxDeadline().Add(-kw.q.s.expiryMargin())), func() { w.expire(kw) })
 	}
 	if ws := w.ws; ws != nil {
@@ -341,7 +344,7 @@ func (w *sessionWatcher) drop(kw *keyWatch) bool {
 		cancel()
 		delete(w.alone, kw)
 	}
-	if kw.h != nil && kw.h.limit != nil && kw.h.limit.timer != nil && kw.q.owner() == kw.q {
+	if kw.limits && kw.h.limit != nil && kw.h.limit.timer != nil {
 		kw.h.limit.timer.Stop()
 	}
 	if kw.pause != nil {
