@@ -331,8 +331,10 @@ func (s *Session) Err() error {
 // to the background (its ctx had ended) and waits for them, for up to 5
 // seconds: so Unlock followed at once by Close, even with an ended ctx
 // (the usual shutdown after SIGTERM), is a clean release, and a lock
-// delay (WithLockDelay) does not begin. A release etcd has not confirmed
-// by then goes with the lease.
+// delay (WithLockDelay) does not begin. A release that a minimum hold
+// (WithMinHold) still holds back is sent now, and the rest of the
+// minimum hold moves onto a lease of its own. A release etcd has not
+// confirmed by then goes with the lease.
 func (s *Session) Close() error {
 	if s.Err() == nil {
 		fctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
