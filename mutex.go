@@ -105,6 +105,11 @@ func (m *Mutex) TryLock(ctx context.Context) error { return m.lock(ctx, KeyMode{
 //
 // An error that does not pass (a permission denied) is returned as it is,
 // and the Mutex stays held: Unlock may be called again.
+//
+// With WithMinHold, an Unlock before the minimum hold has passed returns
+// nil at once, without an RPC (or the loss it knows of), and the session
+// sends the delete when the minimum hold has passed; the Mutex is no
+// longer held meanwhile, as above, and nothing is owed to a later Unlock.
 func (m *Mutex) Unlock(ctx context.Context) error { return m.unlock(ctx, nil, "Unlock") }
 
 // Do locks m, runs fn, and unlocks m. fn's ctx is cancelled the moment the
