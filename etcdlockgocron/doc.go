@@ -1,0 +1,49 @@
+// Package etcdlockgocron runs the jobs of gocron v2 schedulers
+// (github.com/go-co-op/gocron/v2) on several replicas at once without
+// running a tick twice: a Locker makes each tick of a job run on one
+// replica. It is a module of its own, so that the etcdlock library asks
+// its users for no gocron.
+//
+// # Locker: each tick once
+//
+//	locker, err := etcdlockgocron.NewLocker(cli, 30*time.Second) // jobs every minute
+//	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(locker))
+//
+// Every replica fires every tick, by its own clock; each asks the Locker
+// for the job's lock, an etcdlock Mutex named after the job, with
+// TryLock. The first to ask takes it and runs the tick; the others are
+// refused (etcdlock.ErrLocked), and gocron skips the tick there. The lock
+// stays taken for a minimum hold d after it was taken
+// (etcdlock.WithMinHold), even when the run ends sooner, even when the
+// replica crashes: a replica whose clock is behind, which fires the same
+// tick later, still finds it taken. d is timed by the holder's monotonic
+// clock, or by an etcd lease after a crash: no two machines' clocks are
+// ever compared.
+//
+// So each tick runs exactly once when, with s the worst spread between
+// the moments the replicas' attempts at one tick reach etcd (their
+// clocks' skew, gocron's firing delay, etcd's latency), s < d (the last
+// attempt still finds the lock taken) and d + s < the job's interval
+// (the lock is free again when the next tick's first attempt comes).
+// Half the interval tolerates a spread of up to half the interval: a
+// job every minute, d = 30s, replicas whose clocks agree within a few
+// seconds. With a spread over d a tick may run twice; with d over the
+// interval less the spread, ticks are skipped. A run longer than d holds
+// the lock until it ends: the ticks that fire meanwhile are skipped on
+// every replica, so runs of a job never overlap.
+//
+// Lock never waits for the lock, and waits for etcd at most d: a tick
+// whose attempt etcd has not answered by then is skipped, as a lock taken
+// later might be taken after the hold of the replica that ran it had
+// passed.
+//
+// # What it does not do
+//
+// A lock is not mutual exclusion by itself: a replica paused longer than
+// its TTL (a stopped VM, a long GC) may still run a tick while another
+// runs the next, and gocron does not tell a job that its lock was lost.
+// A job that writes somewhere fences its writes. The Locker makes its
+// own etcdlock Session, and a new one when it ends (a replica cut off
+// longer than the TTL takes part again once etcd is back), and ends it
+// with Close, after the scheduler's Shutdown.
+package etcdlockgocron
