@@ -1,8 +1,9 @@
 // Package etcdlockgocron runs the jobs of gocron v2 schedulers
 // (github.com/go-co-op/gocron/v2) on several replicas at once without
 // running a tick twice: a Locker makes each tick of a job run on one
-// replica. It is a module of its own, so that the etcdlock library asks
-// its users for no gocron.
+// replica, an Elector makes one replica, the leader, run them all. It is
+// a module of its own, so that the etcdlock library asks its users for
+// no gocron.
 //
 // # Locker: each tick once
 //
@@ -37,13 +38,35 @@
 // later might be taken after the hold of the replica that ran it had
 // passed.
 //
-// # What it does not do
+// # Elector: one leader runs everything
 //
-// A lock is not mutual exclusion by itself: a replica paused longer than
-// its TTL (a stopped VM, a long GC) may still run a tick while another
-// runs the next, and gocron does not tell a job that its lock was lost.
-// A job that writes somewhere fences its writes. The Locker makes its
-// own etcdlock Session, and a new one when it ends (a replica cut off
-// longer than the TTL takes part again once etcd is back), and ends it
-// with Close, after the scheduler's Shutdown.
+//	elector, err := etcdlockgocron.NewElector(cli, "billing/scheduler", hostname)
+//	s, err := gocron.NewScheduler(gocron.WithDistributedElector(elector))
+//
+// Every replica campaigns in an etcdlock election (etcdlock.Lead); gocron
+// asks IsLeader before each run, and it answers from the replica's own
+// state, with no RPC. Only the leader runs ticks. Its leadership ends
+// there before any other replica can win, and when it dies or is cut off
+// the next in line wins once its lease runs out: within the session's
+// TTL (etcdlock.WithTTL through WithSessionOptions; default 15s). Close
+// resigns, and the next replica wins at once.
+//
+// Clocks matter only as the leadership moves: the last ticks the old
+// leader ran, by its clock, a successor whose clock is behind fires
+// again, by its own. So a replica that wins runs no tick for a takeover
+// delay (WithTakeoverDelay, default 1s), which must be at least the
+// worst skew between the replicas' clocks; then no tick runs twice. The
+// ticks of the gap between two leaders, and of the delay, run nowhere:
+// choose the TTL against the interval.
+//
+// # What neither does
+//
+// A lock or a leadership is not mutual exclusion by itself: a replica
+// paused longer than its TTL (a stopped VM, a long GC) may still run a
+// tick while another runs the next, and gocron does not tell a job that
+// its lock was lost. A job that writes somewhere fences its writes: with
+// an Elector, with Term's token or IsOwner (see etcdlock.Term). Both make
+// their own etcdlock Sessions and a new one when one ends (a replica cut
+// off longer than the TTL takes part again once etcd is back), and end
+// them with Close, after the scheduler's Shutdown.
 package etcdlockgocron

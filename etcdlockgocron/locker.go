@@ -59,6 +59,12 @@ func NewLocker(cli *clientv3.Client, minHold time.Duration, opts ...Option) (*Lo
 	if err := o.apply(opts); err != nil {
 		return nil, err
 	}
+	switch {
+	case o.yield:
+		return nil, fmt.Errorf("etcdlockgocron: %w: YieldOnRequest is an option of NewElector", etcdlock.ErrInvalidOption)
+	case o.delaySet:
+		return nil, fmt.Errorf("etcdlockgocron: %w: WithTakeoverDelay is an option of NewElector", etcdlock.ErrInvalidOption)
+	}
 	if minHold <= 0 {
 		return nil, fmt.Errorf("etcdlockgocron: %w: minimum hold %v: a Locker needs one, or every replica runs each tick it fires once the last run ended", etcdlock.ErrInvalidOption, minHold)
 	}

@@ -254,7 +254,9 @@ func TestNewLockerOptions(t *testing.T) {
 		{"nil client", false, time.Second, nil, etcdlock.ErrInvalidOption},
 		{"no minimum hold", true, 0, nil, etcdlock.ErrInvalidOption},
 		{"negative minimum hold", true, -time.Second, nil, etcdlock.ErrInvalidOption},
+		{"an Elector's option", true, time.Second, []etcdlockgocron.Option{etcdlockgocron.YieldOnRequest()}, etcdlock.ErrInvalidOption},
 		{"nil option", true, time.Second, []etcdlockgocron.Option{nil}, etcdlock.ErrInvalidOption},
+		{"an Elector's delay", true, time.Second, []etcdlockgocron.Option{etcdlockgocron.WithTakeoverDelay(time.Second)}, etcdlock.ErrInvalidOption},
 		{"reserved prefix", true, time.Second, []etcdlockgocron.Option{etcdlockgocron.WithPrefix("__etcdlock/")}, etcdlock.ErrInvalidName},
 	} {
 		t.Run(c.name, func(t *testing.T) {
