@@ -33,6 +33,13 @@
 // the lock until it ends: the ticks that fire meanwhile are skipped on
 // every replica, so runs of a job never overlap.
 //
+// A replica that dies during a run (or is cut off, or closes its Locker
+// without gocron's Unlock) leaves the lock to its lease: it passes on
+// when the lease ends, at most the TTL later. The next attempt after
+// that, whenever it comes, is refused and starts the minimum hold anew
+// on an etcd lease, since etcd cannot tell how long ago the run began:
+// the next tick after such an end may run nowhere.
+//
 // Lock never waits for the lock, and waits for etcd at most d: a tick
 // whose attempt etcd has not answered by then is skipped, as a lock taken
 // later might be taken after the hold of the replica that ran it had

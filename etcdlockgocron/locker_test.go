@@ -65,9 +65,10 @@ func TestLockerEachTickOnce(t *testing.T) {
 	runs := newRunLog()
 	attempts := &attemptLog{attempts: map[time.Time][]error{}}
 	var scheds []gocron.Scheduler
+	prefix := etcdlockgocron.WithPrefix(lockName(t) + "/")
 	for i, off := range offsets {
 		c := newSkewedClock(off)
-		l, err := etcdlockgocron.NewLocker(cluster.Client(t), minHold, etcdlockgocron.WithPrefix(lockName(t)+"/"))
+		l, err := etcdlockgocron.NewLocker(cluster.Client(t), minHold, prefix)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, l.Close()) }) // after the scheduler's Shutdown
 		s := newScheduler(t, c, gocron.WithDistributedLocker(recordingLocker{l, i, c, attempts}))
@@ -122,8 +123,9 @@ func TestLockerEachTickOnce(t *testing.T) {
 func TestLockerMinHold(t *testing.T) {
 	const minHold = time.Second
 	ctx := t.Context()
+	prefix := etcdlockgocron.WithPrefix(lockName(t) + "/")
 	newLocker := func() *etcdlockgocron.Locker {
-		l, err := etcdlockgocron.NewLocker(cluster.Client(t), minHold, etcdlockgocron.WithPrefix(lockName(t)+"/"))
+		l, err := etcdlockgocron.NewLocker(cluster.Client(t), minHold, prefix)
 		require.NoError(t, err)
 		t.Cleanup(func() { l.Close() })
 		return l
@@ -140,8 +142,9 @@ func TestLockerMinHold(t *testing.T) {
 	require.ErrorIs(t, err, etcdlock.ErrLocked, "unlocked before the minimum hold")
 	_, err = a.Lock(ctx, "job")
 	require.ErrorIs(t, err, etcdlock.ErrLocked, "unlocked before the minimum hold, same replica")
-	_, err = b.Lock(ctx, "other")
+	other, err := b.Lock(ctx, "other")
 	require.NoError(t, err, "another job's lock")
+	require.NoError(t, other.Unlock(ctx))
 
 	// Once the minimum hold has passed, b takes it: not sooner (a lower
 	// bound, which no slowness of the machine can break).
@@ -166,9 +169,10 @@ func TestLockerMinHold(t *testing.T) {
 func TestLockerCloseKeepsMinHold(t *testing.T) {
 	const minHold = 2 * time.Second
 	ctx := t.Context()
-	a, err := etcdlockgocron.NewLocker(cluster.Client(t), minHold, etcdlockgocron.WithPrefix(lockName(t)+"/"))
+	prefix := etcdlockgocron.WithPrefix(lockName(t) + "/")
+	a, err := etcdlockgocron.NewLocker(cluster.Client(t), minHold, prefix)
 	require.NoError(t, err)
-	b, err := etcdlockgocron.NewLocker(cluster.Client(t), minHold, etcdlockgocron.WithPrefix(lockName(t)+"/"))
+	b, err := etcdlockgocron.NewLocker(cluster.Client(t), minHold, prefix)
 	require.NoError(t, err)
 	t.Cleanup(func() { b.Close() })
 

@@ -1,8 +1,10 @@
 package etcdlockgocron_test
 
 import (
+	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,5 +118,14 @@ func newScheduler(t *testing.T, c skewedClock, opts ...gocron.SchedulerOption) g
 	return s
 }
 
-// lockName returns a name of the test's own.
-func lockName(t *testing.T) string { return "test/" + t.Name() }
+// nameSeq counts the tests that asked for a lockName, so that a test run
+// again (-count) has names of its own: a hold that ended without Unlock
+// (a session closed or revoked under it, as some tests do) leaves its
+// minimum hold to the next attempt at the name, whenever it comes.
+var nameSeq atomic.Int64
+
+// lockName returns a name of the test's own, another at each call: call
+// it once per test.
+func lockName(t *testing.T) string {
+	return fmt.Sprintf("test/%s/%d", t.Name(), nameSeq.Add(1))
+}
