@@ -114,7 +114,6 @@ func TestElectorFailover(t *testing.T) {
 		t.Logf("%s: replica %d won the election %v after replica %d was killed, and led %v after (TTL %v)",
 			how, next, w.Sub(killed).Round(time.Millisecond), not[len(not)-1], led.Round(time.Millisecond), ttl)
 		require.Less(t, w.Sub(killed), ttl+2*time.Second, "won within about a TTL")
-		require.GreaterOrEqual(t, led, w.Sub(killed)+etcdlockgocron.DefaultTakeoverDelay, "led after the takeover delay")
 		return next
 	}
 

@@ -223,21 +223,25 @@ func TestLockerNewSession(t *testing.T) {
 // minimum hold fails with context.DeadlineExceeded, and the caller's ctx
 // bounds it too.
 func TestLockerLockBounded(t *testing.T) {
-	const minHold = 300 * time.Millisecond
+	const (
+		minHold = 200 * time.Millisecond
+		late    = 5 * minHold // how late etcd's answers come
+	)
 	px := etcdtest.NewProxy(t, cluster.Endpoint(0))
 	l, err := etcdlockgocron.NewLocker(cluster.Client(t, clientv3.Config{Endpoints: []string{px.URL()}}), minHold,
-		etcdlockgocron.WithPrefix(lockName(t)+"/"), etcdlockgocron.WithSessionOptions(etcdlock.WithTTL(2*time.Second)))
+		etcdlockgocron.WithPrefix(lockName(t)+"/"), etcdlockgocron.WithSessionOptions(etcdlock.WithTTL(5*time.Second)))
 	require.NoError(t, err)
 	t.Cleanup(func() { l.Close() })
 	lock, err := l.Lock(t.Context(), "job")
 	require.NoError(t, err)
 	require.NoError(t, lock.Unlock(t.Context()))
 
-	px.DelayAnswers(2 * minHold)
+	px.DelayAnswers(late)
 	began := time.Now()
 	_, err = l.Lock(t.Context(), "other")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.Less(t, time.Since(began), 2*minHold, "bounded by the minimum hold")
+	require.Less(t, time.Since(began), late, "bounded by the minimum hold, not by etcd's answer")
+	px.DelayAnswers(0)
 
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
