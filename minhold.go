@@ -46,11 +46,14 @@ import (
 // (whole seconds, 2 s at least on a default etcd) and deletes the key,
 // so that a replica may shut down at once.
 //
-// If the holder dies or is cut off before the key goes, etcd counts
+// If the holder dies or is cut off before d has passed, etcd counts
 // instead: each hold writes a record under LockDelayPrefix, as
 // WithLockDelay does (in the Txn that admits it where it can, no RPC of
-// its own), and once its key has gone with the lease the next waiter
-// waits d more on an etcd lease, on the safe side. Give the option, with
+// its own), and once its key has gone with the lease the next Lock waits
+// d more on an etcd lease from when it finds the key gone, on the safe
+// side (a TryLock then returns ErrLocked and starts it: for a scheduler,
+// a skipped tick). A hold that outlives d drops its record then, in one
+// RPC of its own, so that a holder that dies later owes nothing. Give the option, with
 // the same d, to every Mutex of the lock: a Mutex without it, etcd's
 // Mutex and `etcdctl lock` read no records.
 //
@@ -85,6 +88,34 @@ func (q *queue) checkMinHold() error {
 		return errorf("%w: max hold %v is shorter than the minimum hold %v", ErrInvalidOption, o.maxHold, o.minHold)
 	}
 	return nil
+}
+
+// outliveMinHold has the releaser drop h's record once h's minimum hold
+// has passed, if h is still held then: a holder that dies after that owes
+// the next holder no minimum hold, and a record left pending would make
+// the next Lock wait it out again, from when it finds the key gone (for a
+// scheduler, a skipped tick). With a lock delay the record stays, asking
+// for the delay alone. A hold released before then needs nothing: its
+// release deletes the record. It costs one RPC, only for a hold that
+// outlives its minimum hold.
+func (q *queue) outliveMinHold(h *hold) {
+	until := time.Now().Add(q.minHoldLeft(h))
+	q.s.releaser.addAt(until, func() bool {
+		q.mu.Lock()
+		held := h.held()
+		q.mu.Unlock()
+		if !held || q.s.Err() != nil || time.Now().Before(until) {
+			return true // released, or the session ends (Close flushes): the record stays
+		}
+		actx, cancel := context.WithTimeout(q.s.endCtx, cleanupTimeout)
+		defer cancel()
+		rec := clientv3.OpDelete(delayKey(q.key))
+		if q.opts.delay > 0 {
+			rec = clientv3.OpPut(delayKey(q.key), delayValue(h.rev, ttlSeconds(q.opts.delay), 0))
+		}
+		_, err := q.s.cli.Txn(actx).If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).Then(rec).Commit()
+		return err == nil || q.s.Err() != nil
+	})
 }
 
 // leaveToLease deletes the key of the hold created at rev, if it is

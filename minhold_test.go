@@ -227,3 +227,48 @@ func TestMinHoldDo(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(asked), time.Second)
 	require.NoError(t, other.Unlock(t.Context()))
 }
+
+// TestMinHoldOutlived: a hold that outlives its minimum hold drops its
+// record then (with a lock delay, keeps the delay's alone), so that a
+// holder that dies afterwards leaves the next Lock nothing to wait out
+// but the delay: a TryLock right after its lease is revoked takes the
+// lock. (Issue 32's adapter found a crash long after d skipping the next
+// tick.)
+func TestMinHoldOutlived(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name  string
+		delay time.Duration
+	}{{"MinHoldOnly", 0}, {"WithLockDelay", time.Hour}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			cli := newClient(t)
+			name := delayName(t)
+			s, err := etcdlock.NewSession(t.Context(), cli)
+			require.NoError(t, err)
+			opts := []etcdlock.MutexOption{etcdlock.WithMinHold(300 * time.Millisecond)}
+			if c.delay > 0 {
+				opts = append(opts, etcdlock.WithLockDelay(c.delay))
+			}
+			m := etcdlock.NewMutex(s, name, opts...)
+			require.NoError(t, m.Lock(t.Context()))
+			key, token := m.Key(), m.Token()
+			want := map[string]*recordKV{}
+			if c.delay > 0 {
+				want[key] = &recordKV{token: token, secs: 3600}
+			}
+			require.Eventually(t, func() bool {
+				recs := delayRecords(t, cli, name)
+				return len(recs) == len(want) && (len(want) == 0 || *recs[key] == *want[key])
+			}, 30*time.Second, 20*time.Millisecond, "the record, once the minimum hold has passed")
+			require.NoError(t, s.Close()) // the lock held: no Unlock
+			other := etcdlock.NewMutex(newSession(t, cli), name, etcdlock.WithMinHold(300*time.Millisecond))
+			if c.delay > 0 {
+				require.ErrorIs(t, other.TryLock(t.Context()), etcdlock.ErrLocked, "the delay holds")
+				return
+			}
+			require.NoError(t, other.TryLock(t.Context()), "no minimum hold is owed after it passed")
+			require.NoError(t, other.Unlock(t.Context()))
+		})
+	}
+}

@@ -225,6 +225,9 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 			return nil, q.cause(ctx, err)
 		}
 	}
+	if q.opts.minHold > 0 {
+		q.outliveMinHold(h)
+	}
 	return h, nil
 }
 

@@ -35,10 +35,13 @@
 //
 // A replica that dies during a run (or is cut off, or closes its Locker
 // without gocron's Unlock) leaves the lock to its lease: it passes on
-// when the lease ends, at most the TTL later. The next attempt after
-// that, whenever it comes, is refused and starts the minimum hold anew
-// on an etcd lease, since etcd cannot tell how long ago the run began:
-// the next tick after such an end may run nowhere.
+// when the lease ends, at most the TTL later. If it died within d of
+// taking the lock, the next attempt after that, whenever it comes, is
+// refused and starts the rest of the minimum hold anew on an etcd lease,
+// since etcd cannot tell how long ago the run began: the next tick after
+// such an end may run nowhere. A run that outlives d drops that record
+// then, so a replica that dies later costs no tick: keep d near the
+// spread rather than the interval when runs are long.
 //
 // Lock never waits for the lock, and waits for etcd at most d: a tick
 // whose attempt etcd has not answered by then is skipped, as a lock taken
