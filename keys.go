@@ -47,6 +47,14 @@ const ReleaseRequestPrefix = "__etcdlock/release/"
 // as etcd's Mutex takes it, "/my-lock/" and "a//b" included: its keys are
 // name + "/" + the lease ID in hex, so that etcd's Mutex, `etcdctl lock`
 // and this package on one name are one queue.
+// CheckName returns nil if name is a lock name that every primitive takes,
+// and an error matching ErrInvalidName otherwise: an empty name, one
+// longer than MaxNameLen, or one in the library's own range (see
+// LockDelayPrefix). It makes no RPC: a program or an adapter can check a
+// name, or a prefix it builds names from, before it has a Session. Any
+// other name is taken as etcd's Mutex takes it.
+func CheckName(name string) error { return checkName(name) }
+
 func checkName(name string) error {
 	switch {
 	case name == "":

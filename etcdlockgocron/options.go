@@ -45,12 +45,10 @@ func (o *options) apply(opts []Option) error {
 }
 
 // checkName returns an error matching etcdlock.ErrInvalidName for a name
-// no lock or election may have, by the library's answers: too long, or
-// one whose keys LockOfKey does not take for a lock's (empty, or in the
-// range the library keeps for itself).
+// no lock or election may have (etcdlock.CheckName).
 func checkName(name string) error {
-	if _, ok := etcdlock.LockOfKey(name + "/0"); !ok || len(name) > etcdlock.MaxNameLen {
-		return fmt.Errorf("etcdlockgocron: %w: %.64q", etcdlock.ErrInvalidName, name)
+	if err := etcdlock.CheckName(name); err != nil {
+		return fmt.Errorf("etcdlockgocron: %w", err)
 	}
 	return nil
 }
