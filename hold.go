@@ -196,14 +196,16 @@ func (q *queue) reportEnd(h *hold, err error) {
 // holdGone says why h's key is gone, for the loss watch: the lease it was
 // bound to ended (then, for the session's lease, the session ends now
 // rather than at its next renewal), or someone deleted it. A deletion once
-// a release has begun may be the release's own: it is not looked into,
-// the release tells. For a part of a set, q is the part whose key went.
+// a release attempt was sent may be the release's own: it is not looked
+// into, the release tells. Before the first (an Unlock that a minimum
+// hold holds back) it cannot be, and is looked into as for a hold still
+// held. For a part of a set, q is the part whose key went.
 func (q *queue) holdGone(ctx context.Context, h *hold) error {
 	o := q.owner()
 	o.mu.Lock()
-	released := !h.intact()
+	sent := h.attempts != attemptNone
 	o.mu.Unlock()
-	if released {
+	if sent {
 		return errorf("key %s was %w", q.key, errDeleted)
 	}
 	return q.whyKeyGone(ctx, h.maxLease())

@@ -147,6 +147,13 @@ func (h *hold) seenGone(cause error) (ended bool, _ error) {
 		// fail, the release ends as released.
 		h.attempts = attemptGoneInFlight
 		return false, nil
+	case h.attempts == attemptNone && !h.owed && errors.Is(cause, errMaxHold):
+		// An Unlock that a minimum hold holds back (holdOn; a handOff
+		// is owed to the next Unlock): the holder has let go, and the
+		// max hold passing takes nothing from it. Its key goes with the
+		// max hold lease, which etcd ends no sooner than the minimum
+		// hold, or with the release: that tells.
+		return false, nil
 	case h.attempts == attemptNone:
 		// Gone before the release's first attempt.
 		err = errorf("%w before Unlock: %w", ErrLockLost, cause)
