@@ -59,7 +59,8 @@ import (
 //
 // With WithLockDelay the record asks for the longer of the two after a
 // hold that ended without Unlock; a clean Unlock leaves only the minimum
-// hold. WithMaxHold must be at least d. It is refused on an RWMutex, a
+// hold. WithMaxHold must exceed d by at least a second plus the session's
+// margin (TTL/50, 100ms at least). It is refused on an RWMutex, a
 // Semaphore and a MultiMutex: a pending record keeps every waiter out, so
 // a reader's or a permit's minimum hold would become an exclusive one.
 // Values below a millisecond or above MaxLockDelay are an error. Default:
@@ -84,8 +85,11 @@ func (q *queue) checkMinHold() error {
 		return nil
 	case o.kind != KindMutex:
 		return errorf("%w: a minimum hold is for a Mutex (a pending one keeps every waiter out)", ErrInvalidOption)
-	case o.maxHold > 0 && o.maxHold < o.minHold:
-		return errorf("%w: max hold %v is shorter than the minimum hold %v", ErrInvalidOption, o.maxHold, o.minHold)
+	case o.maxHold > 0 && o.maxHold < o.minHold+minHoldBelowMax(q.s):
+		// An early Unlock's release comes at the minimum hold's end;
+		// the max hold must not end the hold first (its holder is told
+		// a margin before the lease ends).
+		return errorf("%w: max hold %v must exceed the minimum hold %v by at least %v", ErrInvalidOption, o.maxHold, o.minHold, minHoldBelowMax(q.s))
 	}
 	return nil
 }
@@ -117,6 +121,11 @@ func (q *queue) outliveMinHold(h *hold) {
 		return err == nil || q.s.Err() != nil
 	})
 }
+
+// minHoldBelowMax is how much longer than a minimum hold a max hold on
+// session s must be: the margin before its end at which the holder is
+// told it has passed, and a second for the release.
+func minHoldBelowMax(s *Session) time.Duration { return s.expiryMargin() + time.Second }
 
 // leaveToLease deletes the key of the hold created at rev, if it is
 // still that hold's, and puts the hold's record, asking for left (rounded

@@ -27,9 +27,11 @@ func TestMinHoldOptions(t *testing.T) {
 		err := etcdlock.NewMutex(s, name, etcdlock.WithMinHold(d)).Lock(t.Context())
 		require.ErrorIs(t, err, etcdlock.ErrInvalidOption, "minimum hold %v", d)
 	}
-	err := etcdlock.NewMutex(s, name, etcdlock.WithMinHold(3*time.Second), etcdlock.WithMaxHold(2*time.Second)).Lock(t.Context())
-	require.ErrorIs(t, err, etcdlock.ErrInvalidOption)
-	require.ErrorContains(t, err, "shorter than the minimum hold")
+	for _, max := range []time.Duration{2 * time.Second, 3 * time.Second, 4 * time.Second} {
+		err := etcdlock.NewMutex(s, name, etcdlock.WithMinHold(3*time.Second), etcdlock.WithMaxHold(max)).Lock(t.Context())
+		require.ErrorIs(t, err, etcdlock.ErrInvalidOption, "max hold %v", max)
+		require.ErrorContains(t, err, "must exceed the minimum hold 3s by at least 1.3s", "max hold %v", max)
+	}
 	rw := etcdlock.NewRWMutex(s, name, etcdlock.WithMinHold(time.Second))
 	require.ErrorIs(t, rw.Lock(t.Context()), etcdlock.ErrInvalidOption)
 	require.ErrorIs(t, rw.RLock(t.Context()), etcdlock.ErrInvalidOption)
@@ -41,8 +43,8 @@ func TestMinHoldOptions(t *testing.T) {
 	require.Empty(t, keys(t, cli, name))
 	require.Empty(t, delayRecords(t, cli, name))
 
-	m := etcdlock.NewMutex(s, name, etcdlock.WithMinHold(time.Second), etcdlock.WithMaxHold(time.Second))
-	require.NoError(t, m.Lock(t.Context()), "a max hold as long as the minimum hold is fine")
+	m := etcdlock.NewMutex(s, name, etcdlock.WithMinHold(time.Second), etcdlock.WithMaxHold(3*time.Second))
+	require.NoError(t, m.Lock(t.Context()), "a max hold 2s longer than the minimum hold is fine")
 	require.NoError(t, m.Unlock(t.Context()))
 }
 
