@@ -87,9 +87,7 @@ func (q *queue) Done() <-chan struct{} {
 		q.mu.Unlock()
 		return closedChan
 	}
-	if h.done == nil {
-		h.done = make(chan struct{})
-	}
+	h.doneChan()
 	var ended bool
 	var err error
 	if h.watch == nil && !h.ended() {

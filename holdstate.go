@@ -99,6 +99,15 @@ func (h *hold) refuse() bool {
 // owns the release, and the next Unlock is owed its outcome.
 func (h *hold) handOff() { h.state, h.owed = holdReleasing, true }
 
+// doneChan returns h's done channel, made on first use: by the first Done
+// or Unlock.
+func (h *hold) doneChan() chan struct{} {
+	if h.done == nil {
+		h.done = make(chan struct{})
+	}
+	return h.done
+}
+
 // holdOn moves h from held to releasing for a minimum hold: the
 // session's releaser sends the release once the minimum hold has passed,
 // and the Unlock that asked for it is owed nothing.

@@ -94,6 +94,15 @@ func (q *queue) checkMinHold() error {
 	return nil
 }
 
+// minHoldLeft returns how long h's minimum hold still lasts: 0 when q
+// has none or it has passed.
+func (q *queue) minHoldLeft(h *hold) time.Duration {
+	if q.opts.minHold == 0 {
+		return 0
+	}
+	return max(0, q.opts.minHold-(monotime()-h.since))
+}
+
 // outliveMinHold has the releaser drop h's record once h's minimum hold
 // has passed, if h is still held then: a holder that dies after that owes
 // the next holder no minimum hold, and a record left pending would make
@@ -117,7 +126,7 @@ func (q *queue) outliveMinHold(h *hold) {
 		if q.opts.delay > 0 {
 			rec = clientv3.OpPut(delayKey(q.key), delayValue(h.rev, ttlSeconds(q.opts.delay), 0))
 		}
-		_, err := q.s.cli.Txn(actx).If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", h.rev)).Then(rec).Commit()
+		_, err := q.s.cli.Txn(actx).If(q.ownCmps(h.rev)...).Then(rec).Commit()
 		return err == nil || q.s.Err() != nil
 	})
 }
@@ -140,7 +149,7 @@ func (q *queue) leaveToLease(ctx context.Context, rev int64, left time.Duration)
 	}
 	// The record asks for the rest, which its lease times.
 	return q.s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).
+		If(q.ownCmps(rev)...).
 		Then(clientv3.OpDelete(q.key), clientv3.OpPut(delayKey(q.key), delayValue(rev, secs, q.opts.minHold), clientv3.WithLease(g.ID))).
 		Commit()
 }

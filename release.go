@@ -135,10 +135,7 @@ func (q *queue) release(ctx context.Context, h *hold, op string) error {
 			return q.endRelease(ctx, h, nil, false, op) // the loss watch saw the key go
 		}
 		q.mu.Lock()
-		if h.done == nil {
-			h.done = make(chan struct{}) // the pause ends when the hold does
-		}
-		done := h.done
+		done := h.doneChan() // the pause ends when the hold does
 		q.mu.Unlock()
 		pauseOr(ctx, &backoff, done)
 	}
@@ -251,9 +248,7 @@ func (q *queue) background(ctx context.Context, h *hold, op string, err error) e
 		return q.endRelease(ctx, h, nil, false, op)
 	}
 	h.handOff()
-	if h.done == nil {
-		h.done = make(chan struct{}) // a retried Unlock waits on it
-	}
+	h.doneChan() // a retried Unlock waits on it
 	if q.h == h {
 		q.h, q.last = nil, h
 	}
@@ -345,23 +340,12 @@ func (q *queue) step(h *hold, tidy bool) bool {
 	return done
 }
 
-// minHoldLeft returns how long h's minimum hold still lasts: 0 when q
-// has none or it has passed.
-func (q *queue) minHoldLeft(h *hold) time.Duration {
-	if q.opts.minHold == 0 {
-		return 0
-	}
-	return max(0, q.opts.minHold-(monotime()-h.since))
-}
-
 // holdOn is Unlock of h before its minimum hold has passed (left more),
 // called with q.mu held, which it unlocks: the releaser sends the release
 // then. The Mutex no longer holds; nothing is owed to a later Unlock.
 func (q *queue) holdOn(ctx context.Context, h *hold, left time.Duration, op string) error {
 	h.holdOn()
-	if h.done == nil {
-		h.done = make(chan struct{})
-	}
+	h.doneChan()
 	q.h, q.last = nil, h
 	q.mu.Unlock()
 	until := time.Now().Add(left)

@@ -160,7 +160,7 @@ func (r *releaser) run(done chan struct{}) {
 // due: every job is due once Close flushes or the session has ended.
 // Called with r.mu held.
 func (r *releaser) due() (now, later []job) {
-	all := r.flushing || r.end.Err() != nil
+	all := r.allDue()
 	t := time.Now()
 	for _, j := range r.pending {
 		if all || !t.Before(j.due) {
@@ -172,10 +172,14 @@ func (r *releaser) due() (now, later []job) {
 	return now, later
 }
 
+// allDue reports whether every job is due whatever its time: Close
+// flushes, or the session has ended. Called with r.mu held.
+func (r *releaser) allDue() bool { return r.flushing || r.end.Err() != nil }
+
 // untilDue returns how long until the first pending job is due: 0 when
 // one is (or none is pending: run then returns). Called with r.mu held.
 func (r *releaser) untilDue() time.Duration {
-	if r.flushing || r.end.Err() != nil || len(r.pending) == 0 {
+	if r.allDue() || len(r.pending) == 0 {
 		return 0
 	}
 	wait := time.Duration(-1)
