@@ -237,6 +237,25 @@ func (q *queue) startDelays(ctx context.Context, pd []pendingDelay) error {
 	return nil
 }
 
+// recordGuard is the guard of the record that a lock delay or a minimum
+// hold writes: a MultiMutex takes no lock delay; at admission it writes
+// the record, unless the write that admitted the hold did (writeDelay).
+type recordGuard struct{}
+
+func (recordGuard) check(q *queue) error {
+	if q.set != nil && q.opts.delay > 0 {
+		return errorf("%w: a MultiMutex takes no lock delay", ErrInvalidOption)
+	}
+	return nil
+}
+
+func (recordGuard) admitted(ctx context.Context, q *queue, h *hold, recorded bool) error {
+	if recorded {
+		return nil
+	}
+	return q.writeDelay(ctx, h.rev)
+}
+
 // writeDelay writes h's delay record, once h is admitted, if q has a
 // delay: in a Txn that succeeds only while the key is h's, sent again
 // after errors that pass. On failure the caller removes the key (fail).

@@ -34,7 +34,7 @@ type hold struct {
 	byLease     bool // the release ended with the session: its key goes with the lease
 
 	kind  Kind          // as acquired, for Hooks; set only when the session has events
-	since time.Duration // monotime of the acquisition; set only when the session has events or the lock a minimum hold
+	since time.Duration // monotime of the acquisition: of the answer that admitted it (take), or of take's return when the session has events
 
 	req *holdRequest // the watch of release requests, once ReleaseRequested asked; guarded by queue.mu
 }

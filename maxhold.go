@@ -14,15 +14,25 @@ import (
 // ends. The hold's limit (holdLimit) and the loss it causes are the
 // hold's and the watcher's.
 
+// maxHoldGuard is the max hold's guard: at admission, limitHold.
+type maxHoldGuard struct{}
+
+func (maxHoldGuard) check(*queue) error { return nil }
+
+func (maxHoldGuard) admitted(ctx context.Context, q *queue, h *hold, _ bool) error {
+	return q.limitHold(ctx, h)
+}
+
 // limitHold re-attaches h's key to a lease of its own with the max hold
 // TTL, so that etcd ends the hold then even if this process hangs. A Put
 // keeps the key's create revision: its place, and the token, stay the same.
-// On failure the key is removed and the error returned.
+// On failure its lease is revoked and the error returned (the caller
+// removes the key).
 func (q *queue) limitHold(ctx context.Context, h *hold) error {
 	sent := time.Now()
 	g, err := q.s.cli.Grant(ctx, ttlSeconds(q.opts.maxHold))
 	if err != nil {
-		return q.fail(ctx, h.rev, errorf("grant max hold lease: %w", err))
+		return errorf("grant max hold lease: %w", err)
 	}
 	// etcd counts the lease from when it received the grant: no earlier
 	// than sent.
@@ -37,7 +47,7 @@ func (q *queue) limitHold(ctx context.Context, h *hold) error {
 	}
 	if err != nil {
 		q.revokeMaxHold(ctx, h)
-		return q.fail(ctx, h.rev, err)
+		return err
 	}
 	return nil
 }

@@ -78,11 +78,22 @@ func WithMinHold(d time.Duration) MutexOption {
 	}
 }
 
-// checkMinHold refuses a minimum hold where it makes no sense.
-func (q *queue) checkMinHold() error {
+// minHoldGuard is the minimum hold's guard: it refuses a minimum hold
+// where it makes no sense, and at admission has the record dropped when
+// the hold outlives it (outliveMinHold). Its record is recordGuard's; its
+// hold-back, the release's (release.go).
+type minHoldGuard struct{}
+
+func (minHoldGuard) admitted(_ context.Context, q *queue, h *hold, _ bool) error {
+	q.outliveMinHold(h)
+	return nil
+}
+
+// check refuses a minimum hold where it makes no sense.
+func (minHoldGuard) check(q *queue) error {
 	switch o := q.opts; {
-	case o.minHold == 0:
-		return nil
+	case q.set != nil:
+		return errorf("%w: a MultiMutex takes no minimum hold", ErrInvalidOption)
 	case o.kind != KindMutex:
 		return errorf("%w: a minimum hold is for a Mutex (a pending one keeps every waiter out)", ErrInvalidOption)
 	case o.maxHold > 0 && o.maxHold < o.minHold+minHoldBelowMax(q.s):

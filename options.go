@@ -112,6 +112,7 @@ type mutexOptions struct {
 	delay           time.Duration // WithLockDelay's; 0 for none
 	minHold         time.Duration // WithMinHold's; 0 for none
 	err             error         // the first invalid option, reported by Lock and TryLock
+	guards          []guard       // what the options above ask of each Lock (guardsOf)
 }
 
 // A MutexOption configures NewMutex. An invalid value makes Lock and
@@ -141,6 +142,7 @@ func newMutexOptions(kind Kind, opts []MutexOption) *mutexOptions {
 			o.err = err
 		}
 	}
+	o.guards = guardsOf(o)
 	return o
 }
 

@@ -83,8 +83,7 @@ func (q *queue) lock(ctx context.Context, mode KeyMode, wait bool) error {
 
 // lockValue is lock with the key's value given: q.value(mode), or an
 // election's proposal (whose mode, read back, is exclusive). With the
-// session's events, it reports the acquisition (reported); without, it
-// reads no clock.
+// session's events, it reports the acquisition (reported).
 func (q *queue) lockValue(ctx context.Context, mode KeyMode, val string, wait bool) error {
 	if err := q.validate(); err != nil {
 		return err
@@ -208,25 +207,14 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 		q.releaseNames()
 		return nil, q.cause(ctx, err)
 	}
-	h := &hold{rev: rev, mode: mode, hdr: hdr}
-	if q.opts.minHold > 0 {
-		h.since = monotime() // the answer that admitted it has come: no sooner
-	}
-	if q.opts.records() && !recorded {
-		if err := q.writeDelay(bctx, rev); err != nil {
+	// since: the answer that admitted it has come, no sooner.
+	h := &hold{rev: rev, mode: mode, hdr: hdr, since: monotime()}
+	for _, g := range q.opts.guards {
+		if err := g.admitted(bctx, q, h, recorded); err != nil {
 			err = q.fail(bctx, rev, err)
 			q.releaseNames()
 			return nil, q.cause(ctx, err)
 		}
-	}
-	if q.opts.maxHold > 0 {
-		if err := q.limitHold(bctx, h); err != nil {
-			q.releaseNames()
-			return nil, q.cause(ctx, err)
-		}
-	}
-	if q.opts.minHold > 0 {
-		q.outliveMinHold(h)
 	}
 	return h, nil
 }
@@ -245,17 +233,13 @@ func (q *queue) validate() error {
 	if q.opts.err != nil {
 		return q.opts.err
 	}
-	if q.set != nil {
-		if q.opts.delay > 0 {
-			return errorf("%w: a MultiMutex takes no lock delay", ErrInvalidOption)
+	for _, g := range q.opts.guards {
+		if err := g.check(q); err != nil {
+			return err
 		}
-		if q.opts.minHold > 0 {
-			return errorf("%w: a MultiMutex takes no minimum hold", ErrInvalidOption)
-		}
-		return q.set.err
 	}
-	if err := q.checkMinHold(); err != nil {
-		return err
+	if q.set != nil {
+		return q.set.err
 	}
 	return checkName(q.name)
 }
