@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -31,6 +32,28 @@ type multiSet struct {
 	watched *hold
 	watches []*keyWatch
 }
+
+// A claim is how the keys of a hold are taken: a single key's way (the
+// Mutex's, place.go and try.go) or a set's (acquireSet, tryAcquireSet).
+// take asks q for its claim and knows no more of it.
+type claim interface {
+	// acquire puts the keys in line and waits for the hold (Lock);
+	// recorded says the write that admitted it wrote its delay record.
+	acquire(ctx context.Context, q *queue, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, recorded bool, err error)
+	// try takes the hold only if it can be had at once (TryLock).
+	try(ctx context.Context, q *queue, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, recorded bool, err error)
+}
+
+// claim returns q's claim: its set, or a single key.
+func (q *queue) claim() claim {
+	if q.set != nil {
+		return q.set
+	}
+	return oneKey{}
+}
+
+// oneKey is the claim of a single key: every primitive's but a MultiMutex's.
+type oneKey struct{}
 
 // ownCmps returns the comparisons that hold while the hold created at rev
 // is current: q's key still has create revision rev; for a part of a

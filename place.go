@@ -13,6 +13,17 @@ import (
 // while its outcome is unknown (writeCtx): a key left behind would block
 // the queue for as long as the session lives.
 
+func (oneKey) acquire(ctx context.Context, q *queue, mode KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
+	return q.acquire(ctx, mode, val)
+}
+
+// A set's claim takes every key in one Txn (acquireSet), and writes no
+// delay record (a set takes no delay: validate).
+func (set *multiSet) acquire(ctx context.Context, q *queue, _ KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
+	rev, hdr, err := q.acquireSet(ctx, val)
+	return rev, hdr, false, err
+}
+
 // acquire joins the queue in mode and waits for its turn. It returns the
 // create revision of the key and the header of the response that showed
 // the hold was admitted. On failure it leaves no key (fail).

@@ -193,15 +193,10 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 	var rev int64
 	var hdr *pb.ResponseHeader
 	var recorded bool // the write that took the hold wrote its delay record
-	switch {
-	case q.set != nil && wait:
-		rev, hdr, err = q.acquireSet(bctx, val)
-	case q.set != nil:
-		rev, hdr, err = q.tryAcquireSet(bctx, val)
-	case wait:
-		rev, hdr, recorded, err = q.acquire(bctx, mode, val)
-	default:
-		rev, hdr, recorded, err = q.tryAcquire(bctx, mode, val)
+	if c := q.claim(); wait {
+		rev, hdr, recorded, err = c.acquire(bctx, q, mode, val)
+	} else {
+		rev, hdr, recorded, err = c.try(bctx, q, mode, val)
 	}
 	if err != nil {
 		q.releaseNames()

@@ -14,6 +14,15 @@ import (
 // put guarded so that it takes the hold only as that read found it; for a
 // MultiMutex, the same over every name of the set at once.
 
+func (oneKey) try(ctx context.Context, q *queue, mode KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
+	return q.tryAcquire(ctx, mode, val)
+}
+
+func (set *multiSet) try(ctx context.Context, q *queue, _ KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
+	rev, hdr, err := q.tryAcquireSet(ctx, val)
+	return rev, hdr, false, err
+}
+
 // tryAcquire takes a hold in mode only if it is admitted at once, and
 // writes nothing otherwise. It is admitted if its rule admits it behind
 // every key of the queue (a rule that admits me behind everyone admits me
