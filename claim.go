@@ -37,6 +37,9 @@ type multiSet struct {
 // Mutex's, place.go and try.go) or a set's (acquireSet, tryAcquireSet).
 // take asks q for its claim and knows no more of it.
 type claim interface {
+	// check is validate's stage: it refuses a name (a set's names) the
+	// claim cannot take, and the options a set takes none of.
+	check(q *queue) error
 	// acquire puts the keys in line and waits for the hold (Lock);
 	// recorded says the write that admitted it wrote its delay record.
 	acquire(ctx context.Context, q *queue, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, recorded bool, err error)
@@ -54,6 +57,21 @@ func (q *queue) claim() claim {
 
 // oneKey is the claim of a single key: every primitive's but a MultiMutex's.
 type oneKey struct{}
+
+func (oneKey) check(q *queue) error { return checkName(q.name) }
+
+// check refuses a set whose names are wrong (set.err, found when it was
+// made), and the options whose records a set does not write: a pending
+// record would have to keep every name's queue out.
+func (set *multiSet) check(q *queue) error {
+	switch {
+	case q.opts.delay > 0:
+		return errorf("%w: a MultiMutex takes no lock delay", ErrInvalidOption)
+	case q.opts.minHold > 0:
+		return errorf("%w: a MultiMutex takes no minimum hold", ErrInvalidOption)
+	}
+	return set.err
+}
 
 // ownCmps returns the comparisons that hold while the hold created at rev
 // is current: q's key still has create revision rev; for a part of a

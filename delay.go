@@ -238,16 +238,11 @@ func (q *queue) startDelays(ctx context.Context, pd []pendingDelay) error {
 }
 
 // recordGuard is the guard of the record that a lock delay or a minimum
-// hold writes: a MultiMutex takes no lock delay; at admission it writes
-// the record, unless the write that admitted the hold did (writeDelay).
+// hold writes: at admission it writes the record, unless the write that
+// admitted the hold did (writeDelay). (A set refuses both: claim.check.)
 type recordGuard struct{}
 
-func (recordGuard) check(q *queue) error {
-	if q.set != nil && q.opts.delay > 0 {
-		return errorf("%w: a MultiMutex takes no lock delay", ErrInvalidOption)
-	}
-	return nil
-}
+func (recordGuard) check(*queue) error { return nil }
 
 func (recordGuard) admitted(ctx context.Context, q *queue, h *hold, recorded bool) error {
 	if recorded {

@@ -92,8 +92,6 @@ func (minHoldGuard) admitted(_ context.Context, q *queue, h *hold, _ bool) error
 // check refuses a minimum hold where it makes no sense.
 func (minHoldGuard) check(q *queue) error {
 	switch o := q.opts; {
-	case q.set != nil:
-		return errorf("%w: a MultiMutex takes no minimum hold", ErrInvalidOption)
 	case o.kind != KindMutex:
 		return errorf("%w: a minimum hold is for a Mutex (a pending one keeps every waiter out)", ErrInvalidOption)
 	case o.maxHold > 0 && o.maxHold < o.minHold+minHoldBelowMax(q.s):

@@ -221,6 +221,8 @@ func (q *queue) holding(match func(KeyMode) bool) bool {
 	return q.h != nil && match(q.h.mode)
 }
 
+// validate is a Lock's first stage: a session, valid options, then what
+// the claim refuses (a name, a set's names) and what each guard does.
 func (q *queue) validate() error {
 	if q.s == nil {
 		return errorf("%w: no Session", ErrSessionExpired)
@@ -228,15 +230,15 @@ func (q *queue) validate() error {
 	if q.opts.err != nil {
 		return q.opts.err
 	}
+	if err := q.claim().check(q); err != nil {
+		return err
+	}
 	for _, g := range q.opts.guards {
 		if err := g.check(q); err != nil {
 			return err
 		}
 	}
-	if q.set != nil {
-		return q.set.err
-	}
-	return checkName(q.name)
+	return nil
 }
 
 // IsOwner returns a comparison that holds only while the current hold is
