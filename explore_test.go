@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -124,6 +125,10 @@ type exploreKind struct {
 	// minHold, if not nil, is the minimum hold (WithMinHold) of actor
 	// id's lock: the schedule checks what it promises (checkMinHold).
 	minHold func(id int) time.Duration
+	// maxHold, if not nil, is the max hold (WithMaxHold) of actor id's
+	// lock: each hold returned is checked to be bound to a lease of its
+	// own no longer than it (checkMaxHold).
+	maxHold func(id int) time.Duration
 	// short is how many schedules the short mode runs on one member, when
 	// not 12: a kind whose schedules wait out lock delays (a second or
 	// two each) runs fewer, so that it takes no longer than the others.
@@ -166,6 +171,22 @@ var unlockClose = exploreOp{"UnlockClose", false, true, func(ctx context.Context
 		err = nil // the release went to the background: Close sent it
 	}
 	return errors.Join(err, cerr)
+}}
+
+// outlast keeps the hold until its max hold ends it (Done closes), the
+// ctx ends, or 2.5s pass: without it holds last a few steps, and the
+// loss a max hold causes would not meet the faults nor the other actors'
+// waits (MutexMaxHold).
+var outlast = exploreOp{"Outlast", false, false, func(ctx context.Context, a *actor, _ int) error {
+	t := time.NewTimer(2500 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-a.p.Done():
+		return a.p.Err() // why it ended, if it was held
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return nil
 }}
 
 // checkCleanRelease reports a pending lock delay left by the hold of key
@@ -212,6 +233,12 @@ var lockDelays = []time.Duration{time.Second, time.Second, 2 * time.Second}
 // to etcd's least lease TTL, and one longer than the others.
 var minHolds = []time.Duration{time.Second, time.Second, 1500 * time.Millisecond}
 
+// maxHolds are the max holds of the MutexMaxHold actors' locks, actor
+// id's the id%3-th: shorter than the sessions' TTL (5s), so that a
+// check tells the two leases apart, and short enough that a hold in Do
+// kept over a few turns runs out, and its loss meets the faults too.
+var maxHolds = []time.Duration{time.Second, time.Second, 2 * time.Second}
+
 var exploreKinds = []*exploreKind{
 	{
 		name:  "Mutex",
@@ -247,6 +274,16 @@ var exploreKinds = []*exploreKind{
 		delay:   true,
 		minHold: func(id int) time.Duration { return minHolds[id%len(minHolds)] },
 		short:   6,
+	},
+	{
+		// A max hold on every actor's Mutex, those of maxHolds.
+		name: "MutexMaxHold",
+		mk: func(s *etcdlock.Session, name string, id int) prim {
+			return etcdlock.NewMutex(s, name, etcdlock.WithMaxHold(maxHolds[id%len(maxHolds)]))
+		},
+		ops:     append(mutexOps[:len(mutexOps):len(mutexOps)], unlockClose, outlast),
+		quick:   []string{"TryLock", "TryLock", "Unlock"},
+		maxHold: func(id int) time.Duration { return maxHolds[id%len(maxHolds)] },
 	},
 	{
 		name: "RWMutex",
@@ -357,8 +394,8 @@ func TestExplore(t *testing.T) {
 // asked, or short seeds.
 func explore(t *testing.T, c *etcdtest.Cluster, k *exploreKind, short int) {
 	var met delayMet
-	if k.delay {
-		defer func() { t.Logf("lock delay: %s", &met) }()
+	if k.delay || k.maxHold != nil {
+		defer func() { t.Logf("lock delay and hold limits: %s", &met) }()
 	}
 	switch {
 	case *exploreSeed != 0:
@@ -842,6 +879,11 @@ func (x *schedule) finish(a *actor, f *inflight, err error) {
 	}
 	a.mu.Unlock()
 	x.logf("  a%d: %s returned %v", a.id, f.name, err)
+	if x.k.maxHold != nil && err != nil && strings.Contains(err.Error(), "max hold time passed") {
+		x.mu.Lock()
+		x.met.maxLost++
+		x.mu.Unlock()
+	}
 	// (rev 0: etcd could not be asked when it began, during a member's
 	// stop: nothing to compare with.)
 	if f.op.acquire && err != nil && s.Err() == nil && !strings.Contains(err.Error(), "session") && f.rev > 0 {
@@ -1769,6 +1811,8 @@ type delayMet struct {
 	unread       int // admissions not checked: their revision was compacted
 	minHolds     int // admissions checked against the minimum holds before them
 	minNear      int // of those, admissions less than twice a minimum hold after an older hold was asked for
+	maxHolds     int // holds returned, checked to be bound to a max hold lease
+	maxLost      int // operations that returned a hold's loss to its max hold
 	// Schedules in which a fault made a delay pending, a delay started,
 	// a hold was admitted after one.
 	runsPending, runsStarted, runsWaited int
@@ -1784,6 +1828,8 @@ func (m *delayMet) add(o delayMet) {
 	m.unread += o.unread
 	m.minHolds += o.minHolds
 	m.minNear += o.minNear
+	m.maxHolds += o.maxHolds
+	m.maxLost += o.maxLost
 	for _, c := range []struct {
 		n    int
 		runs *int
@@ -1797,8 +1843,9 @@ func (m *delayMet) add(o delayMet) {
 func (m *delayMet) String() string {
 	return fmt.Sprintf("of %d schedules, %d had delays made pending (%d delays), %d had delays started (%d), "+
 		"%d had holds admitted after one (%d delays, %d of them less than twice the delay after the fault); "+
-		"%d admissions checked at their revision, %d not (compacted); %d against the minimum holds before them (%d less than twice one after its hold was asked for)",
-		m.runs, m.runsPending, m.pending, m.runsStarted, m.started, m.runsWaited, m.waited, m.near, m.checked, m.unread, m.minHolds, m.minNear)
+		"%d admissions checked at their revision, %d not (compacted); %d against the minimum holds before them (%d less than twice one after its hold was asked for); "+
+		"%d holds checked to be bound to a max hold lease, %d operations returned a loss to the max hold",
+		m.runs, m.runsPending, m.pending, m.runsStarted, m.started, m.runsWaited, m.waited, m.near, m.checked, m.unread, m.minHolds, m.minNear, m.maxHolds, m.maxLost)
 }
 
 // A delayRecord is a delay record as the checker reads it.
@@ -1912,7 +1959,7 @@ func (x *schedule) delayFault(ctx context.Context) func(rev int64) {
 // in a kind with a delay, against etcd at the revision of the hold's
 // header, where the library admitted it.
 func (x *schedule) admitted(a *actor, by string) {
-	if !x.k.delay {
+	if !x.k.delay && x.k.maxHold == nil {
 		return
 	}
 	a.mu.Lock()
@@ -1923,10 +1970,49 @@ func (x *schedule) admitted(a *actor, by string) {
 	}
 	a.mu.Unlock()
 	what := fmt.Sprintf("a%d's %s", a.id, by)
+	if x.k.maxHold != nil {
+		x.checkMaxHold(m, x.k.maxHold(a.id), what)
+	}
+	if !x.k.delay {
+		return
+	}
 	x.checkAdmitted(m, what)
 	if x.k.minHold != nil && !began.IsZero() {
 		x.checkMinHold(m.Token(), began, x.k.minHold(a.id), what)
 	}
+}
+
+// checkMaxHold checks the hold with m's token that what has just
+// returned, in a kind with max hold d: its key is bound to a lease of
+// its own, granted no longer than d (rounded up to seconds), not to its
+// session's lease, so that etcd ends the hold by then even if the holder
+// hangs. A hold whose key is already gone (a fault) has nothing to check.
+func (x *schedule) checkMaxHold(m *etcdlock.Mutex, d time.Duration, what string) {
+	token := m.Token()
+	if token == 0 {
+		return // lost and released meanwhile
+	}
+	ctx, cancel := context.WithTimeout(x.ctx, 10*time.Second)
+	defer cancel()
+	resp, err := x.admin.Get(ctx, m.Key())
+	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != token {
+		return
+	}
+	lease := resp.Kvs[0].Lease
+	// The key is name/<the session's lease in hex>.
+	session, _ := strconv.ParseInt(m.Key()[strings.LastIndexByte(m.Key(), '/')+1:], 16, 64)
+	if lease == 0 || lease == session {
+		x.violation("%s returned the hold %s (token %d) bound to lease %x, not to a max hold lease of its own (its session's is %x)", what, m.Key(), token, lease, session)
+		return
+	}
+	ttl, err := x.admin.TimeToLive(ctx, clientv3.LeaseID(lease))
+	if err != nil || ttl.TTL < 0 {
+		return // it has ended: the key goes with it
+	}
+	if limit := int64(math.Ceil(d.Seconds())); ttl.GrantedTTL > limit {
+		x.violation("%s returned the hold %s (token %d) bound to lease %x of TTL %ds, longer than its max hold %v", what, m.Key(), token, lease, ttl.GrantedTTL, d)
+	}
+	x.met.maxHolds++
 }
 
 // A minHoldHold is a hold an acquisition returned, in a kind with a
