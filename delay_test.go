@@ -919,3 +919,41 @@ func TestLockDelayPermission(t *testing.T) {
 	require.ErrorContains(t, err, `a lock of authdelay reads and writes the keys with prefix "authdelay/" and "__etcdlock/delay/authdelay/", and its user needs readwrite permission on each ('etcdlock grants --lock-delay NAME...' prints the etcdctl lines): etcdserver: permission denied`)
 	require.NoError(t, etcdlock.NewMutex(newSession(t, alice), name).TryLock(t.Context()), "without the delay, the lock's own keys suffice")
 }
+
+// TestLockDelaySetHoldsThroughDelay: a MultiMutex never honours a lock
+// delay (it takes none), so a set over a name whose Mutex left a delay
+// pending holds that name at once, and every reader of the queue must say
+// so. The one reading of a queue once applied the pending delay to the
+// set's key as to a Mutex waiter's: InspectLock and ListLocks showed the
+// set waiting and nobody holding, and RequestRelease returned ErrNotHeld
+// while the set held (issue 30: sets over names some of which have
+// delays).
+func TestLockDelaySetHoldsThroughDelay(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := delayName(t)
+	other := "other/" + name // not under name's prefix: ListLocks(name) lists name alone
+	m, s := delayHolder(t, cli, name, longDelay)
+	require.NoError(t, s.Close()) // ends the hold without Unlock: the delay is pending
+	require.Contains(t, delayRecords(t, cli, name), m.Key())
+
+	set := etcdlock.NewMultiMutex(newSession(t, cli), []string{name, other})
+	require.NoError(t, set.Lock(t.Context()), "a set honours no delay")
+	defer set.Unlock(t.Context())
+
+	q, err := etcdlock.InspectLock(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Len(t, q.Delays, 1, "the Mutex's delay is still pending")
+	require.Len(t, q.Holders(), 1, "the set holds %s: %+v", name, q.Keys)
+	require.True(t, q.Holders()[0].InSet)
+	l, err := etcdlock.ListLocks(t.Context(), cli, name)
+	require.NoError(t, err)
+	require.Len(t, l.Locks, 1)
+	require.Len(t, l.Locks[0].Holders, 1, "the set holds %s", name)
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name), "the request reaches the set")
+	select {
+	case <-set.ReleaseRequested():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the set never saw its request")
+	}
+}

@@ -329,7 +329,8 @@ func readRecords(ctx context.Context, cli *clientv3.Client, pfx string, rev int6
 // pending lock delay keeps out. A record whose key is gone (or has
 // another create revision) is a pending delay: it keeps out every key
 // behind its hold that did not write a record of its own (admitted
-// before the delay began). Those keys wait, first in line.
+// before the delay began), but a set's, which honours no delay. Those
+// keys wait, first in line.
 func settle(q *LockQueue, recs []*mvccpb.KeyValue) {
 	q.holders = markHolders(q.Keys)
 	pfx := LockDelayPrefix + q.Name + "/"
@@ -357,7 +358,9 @@ func settle(q *LockQueue, recs []*mvccpb.KeyValue) {
 		return
 	}
 	for i, k := range q.Keys[:q.holders] {
-		if k.Token > minToken && !recorded[k.Key] {
+		// A set's key honours no delay (a MultiMutex takes none): it
+		// holds whatever is pending.
+		if k.Token > minToken && !recorded[k.Key] && !k.InSet {
 			for j := i; j < q.holders; j++ {
 				q.Keys[j].Holds = false
 			}
