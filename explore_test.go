@@ -335,24 +335,56 @@ var exploreKinds = []*exploreKind{
 		// sets that overlap, in different orders, and a Mutex on the
 		// name both share.
 		name:  "MultiMutex",
-		names: func(name string) []string { return []string{name, name + "/m", name + "/n"} },
+		names: setNames,
 		mk: func(s *etcdlock.Session, name string, id int) prim {
-			switch id % 3 {
-			case 0:
-				return explMulti{etcdlock.NewMultiMutex(s, []string{name, name + "/m"})}
-			case 1:
-				return explMulti{etcdlock.NewMultiMutex(s, []string{name + "/m", name + "/n", name})}
+			if id%3 == 2 {
+				return etcdlock.NewMutex(s, name+"/m")
 			}
-			return etcdlock.NewMutex(s, name+"/m")
+			return multiMk(s, name, id)
 		},
-		ops: []exploreOp{
-			{"Lock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.set().Lock(ctx) }},
-			{"TryLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.set().TryLock(ctx) }},
-			{"Unlock", false, true, func(ctx context.Context, a *actor, _ int) error { return a.set().Unlock(ctx) }},
-			{"Do", false, false, func(ctx context.Context, a *actor, _ int) error { return a.set().Do(ctx, a.doFn) }},
-		},
+		ops:   multiOps,
 		quick: []string{"TryLock", "TryLock", "Unlock"},
 	},
+	{
+		// Sets over names one of which has a lock delay: the MultiMutex
+		// schedules' sets, and a Mutex with a delay on the lock (a name
+		// both sets share). The sets honour no delay (they take none):
+		// they hold while the Mutex's delay is pending, and the readers
+		// must say so (heldAt, checkRequested).
+		name:  "MultiMutexDelay",
+		names: setNames,
+		mk: func(s *etcdlock.Session, name string, id int) prim {
+			if id%3 != 0 {
+				return etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(time.Second))
+			}
+			return multiMk(s, name, id)
+		},
+		ops:   multiOps,
+		quick: []string{"TryLock", "TryLock", "Unlock"},
+		delay: true,
+		short: 6,
+	},
+}
+
+// setNames are the names of a MultiMutex schedule on name.
+func setNames(name string) []string { return []string{name, name + "/m", name + "/n"} }
+
+// multiMk makes the set of actor id (id%3 is 0 or 1) in a MultiMutex
+// schedule on name: two sets that overlap, naming their names in
+// different orders.
+func multiMk(s *etcdlock.Session, name string, id int) prim {
+	if id%3 == 0 {
+		return explMulti{etcdlock.NewMultiMutex(s, []string{name, name + "/m"})}
+	}
+	return explMulti{etcdlock.NewMultiMutex(s, []string{name + "/m", name + "/n", name})}
+}
+
+// multiOps are what a MultiMutex schedule's actors run.
+var multiOps = []exploreOp{
+	{"Lock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.set().Lock(ctx) }},
+	{"TryLock", true, false, func(ctx context.Context, a *actor, _ int) error { return a.set().TryLock(ctx) }},
+	{"Unlock", false, true, func(ctx context.Context, a *actor, _ int) error { return a.set().Unlock(ctx) }},
+	{"Do", false, false, func(ctx context.Context, a *actor, _ int) error { return a.set().Do(ctx, a.doFn) }},
 }
 
 // set returns a's lock in a MultiMutex schedule.
@@ -1333,13 +1365,27 @@ func (x *schedule) request(ctx context.Context, name string) {
 	x.requestsDone++
 	x.mu.Unlock()
 	x.logf("    RequestRelease(%s): %v", name[strings.LastIndexByte(name, '/')+1:], err)
-	if err != nil {
+	if err != nil && !errors.Is(err, etcdlock.ErrNotHeld) {
 		return
 	}
-	x.checkRequested(ctx, name, since)
-	after, err := x.currentHolds(ctx, name)
+	if err == nil {
+		x.checkRequested(ctx, name, since)
+	}
+	after, err2 := x.currentHolds(ctx, name)
+	if err2 != nil {
+		x.logf("    (read: %v)", err2)
+		return
+	}
 	if err != nil {
-		x.logf("    (read: %v)", err)
+		// Nobody held, it says: no hold an acquisition returned may
+		// have been current in etcd from before the call to after it,
+		// nor may the queue's head that held.
+		x.checkNotHeld(ctx, name, since)
+		for b := range before {
+			if after[b] {
+				x.violation("RequestRelease(%s) returned %v, but the hold %v (token %d, by %s) was current before and after it", name, err, b.keys, b.token, b.by)
+			}
+		}
 		return
 	}
 	x.mu.Lock()
@@ -1372,23 +1418,29 @@ func (x *schedule) checkRequested(ctx context.Context, name string, since int64)
 			continue // another lock's, or an earlier request's
 		}
 		token, _ := strconv.ParseInt(string(kv.Value), 10, 64)
-		if why := x.heldAt(ctx, key, token, kv.ModRevision); why != "" {
+		if why, _ := x.heldAt(ctx, key, token, kv.ModRevision); why != "" {
 			x.violation("a release request for %s (token %d) was recorded at rev %d, when it did not hold: %s", key, token, kv.ModRevision, why)
 		}
 	}
 }
 
 // heldAt says why key, with create revision token, did not hold at rev
-// ("" when it held, or when etcd has compacted rev away): every key of
-// its hold (the keys of the schedule's names with its lease and token)
-// must be one etcd's queue admits, and no pending lock delay of an older
-// hold may keep it out.
-func (x *schedule) heldAt(ctx context.Context, key string, token, rev int64) string {
+// ("" when it held, or when etcd could not be read: read is then false,
+// say when rev was compacted away): every key of its hold (the keys of
+// the schedule's names with its lease and token) must be one etcd's
+// queue admits; a set's must be under every name of its set (a set one
+// of whose keys is gone is being released); and no pending lock delay of
+// an older hold may keep it out, unless it is a set's.
+func (x *schedule) heldAt(ctx context.Context, key string, token, rev int64) (why string, read bool) {
 	lease := key[strings.LastIndexByte(key, '/')+1:]
 	get := clientv3.OpGet(x.name+"/", clientv3.WithPrefix(), clientv3.WithRev(rev), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	resp, err := x.admin.Txn(ctx).Then(get).Commit()
 	if err != nil {
-		return "" // compacted, say: nothing to check against
+		return "", false
+	}
+	inSet := false // the hold is a set's
+	if why := setGone(resp.Responses[0].GetResponseRange().Kvs, lease, token); why != "" {
+		return why, true
 	}
 	for _, n := range x.names {
 		var children []string
@@ -1400,26 +1452,87 @@ func (x *schedule) heldAt(ctx context.Context, key string, token, rev int64) str
 				modes = append(modes, etcdlock.ParseKeyMode(kv.Value))
 				if string(kv.Key) == n+"/"+lease && kv.CreateRevision == token {
 					mine = string(kv.Key)
+					inSet = inSet || etcdlock.InSet(kv.Value)
 				}
 			}
 		}
 		if mine != "" && !slices.Contains(children[:etcdlock.Holders(modes)], mine) {
-			return fmt.Sprintf("%s waits in %s's queue %v", mine, n, children)
+			return fmt.Sprintf("%s waits in %s's queue %v", mine, n, children), true
 		}
 	}
-	if !x.k.delay {
-		return ""
+	if !x.k.delay || inSet {
+		return "", true // a set honours no delay
 	}
 	pending, err := x.pendingAt(ctx, rev)
 	if err != nil {
-		return ""
+		return "", false
 	}
 	for _, r := range pending {
 		if r.token < token {
-			return fmt.Sprintf("the lock delay of %s (token %d) was pending", r.key, r.token)
+			return fmt.Sprintf("the lock delay of %s (token %d) was pending", r.key, r.token), true
+		}
+	}
+	return "", true
+}
+
+// setGone says which name of a set lacks the set's key, among kvs (the
+// keys under the schedule's lock, read at one revision), when the keys
+// with lease and token are a set's: each set key names the next name of
+// its set, round the ring. "" when none is missing, or they are no set's.
+func setGone(kvs []*mvccpb.KeyValue, lease string, token int64) string {
+	byKey := map[string]*mvccpb.KeyValue{}
+	var start string
+	for _, kv := range kvs {
+		byKey[string(kv.Key)] = kv
+		if strings.HasSuffix(string(kv.Key), "/"+lease) && kv.CreateRevision == token && etcdlock.InSet(kv.Value) {
+			start = string(kv.Key)
+		}
+	}
+	for k := start; k != ""; {
+		next, _ := etcdlock.SetNext(byKey[k].Value)
+		k = next + "/" + lease
+		if k == start {
+			break
+		}
+		if kv := byKey[k]; kv == nil || kv.CreateRevision != token {
+			return fmt.Sprintf("its set's key in %s is gone", next)
 		}
 	}
 	return ""
+}
+
+// checkNotHeld checks a RequestRelease on name, begun after revision
+// since, that returned ErrNotHeld: the oldest key of name's queue at
+// since may not have held from then to the call's end. A key that holds
+// stays holding until it goes (keys join behind it; a set that holds has
+// every name), so one that held at since and is in place, with the same
+// create revision, after the call held throughout, and the call should
+// have reached it.
+func (x *schedule) checkNotHeld(ctx context.Context, name string, since int64) {
+	resp, err := x.admin.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithRev(since), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return
+	}
+	var key string
+	var token int64
+	for _, kv := range resp.Kvs {
+		if l, ok := etcdlock.LockOfKey(string(kv.Key)); ok && l == name {
+			key, token = string(kv.Key), kv.CreateRevision
+			break
+		}
+	}
+	if key == "" {
+		return
+	}
+	if why, read := x.heldAt(ctx, key, token, since); !read || why != "" {
+		return
+	}
+	now, err := x.admin.Get(ctx, key)
+	if err != nil || len(now.Kvs) == 0 || now.Kvs[0].CreateRevision != token {
+		return
+	}
+	x.violation("RequestRelease(%s) returned ErrNotHeld, but %s (token %d) held from rev %d, before the call, to rev %d, after it", name, key, token, since, now.Header.Revision)
 }
 
 // endHold ends a hold without Unlock: a believer's, chosen by d, or the
@@ -1963,7 +2076,11 @@ func (x *schedule) admitted(a *actor, by string) {
 		return
 	}
 	a.mu.Lock()
-	m := a.p.(*etcdlock.Mutex)
+	m, ok := a.p.(*etcdlock.Mutex)
+	if !ok {
+		a.mu.Unlock()
+		return // a set, which honours no delay: nothing keeps it out
+	}
 	var began time.Time
 	if a.op != nil {
 		began = a.op.began

@@ -66,3 +66,13 @@ func WithTestHookReturned(f func(fctx context.Context, e *Election)) LeadOption 
 		return nil
 	}
 }
+
+// InSet reports whether a queue key's value is a MultiMutex's.
+func InSet(value []byte) bool {
+	_, ok := setNext(value)
+	return ok
+}
+
+// SetNext returns the name after the lock of a MultiMutex's key, read
+// from its value, round its set.
+func SetNext(value []byte) (string, bool) { return setNext(value) }
