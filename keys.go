@@ -40,13 +40,6 @@ const LockDelayPrefix = "__etcdlock/delay/"
 // a waiter a pending delay keeps out counts as a holder.
 const ReleaseRequestPrefix = "__etcdlock/release/"
 
-// checkName returns ErrInvalidName for a name no queue can have: empty,
-// longer than MaxNameLen, or one whose queue prefix (name + "/") lies in
-// the range the library keeps for its own keys (see reservedPrefix):
-// "__etcdlock" and every name under "__etcdlock/". Any other name is taken
-// as etcd's Mutex takes it, "/my-lock/" and "a//b" included: its keys are
-// name + "/" + the lease ID in hex, so that etcd's Mutex, `etcdctl lock`
-// and this package on one name are one queue.
 // CheckName returns nil if name is a lock name that every primitive takes,
 // and an error matching ErrInvalidName otherwise: an empty name, one
 // longer than MaxNameLen, or one in the library's own range (see
@@ -55,6 +48,13 @@ const ReleaseRequestPrefix = "__etcdlock/release/"
 // other name is taken as etcd's Mutex takes it.
 func CheckName(name string) error { return checkName(name) }
 
+// checkName returns ErrInvalidName for a name no queue can have: empty,
+// longer than MaxNameLen, or one whose queue prefix (name + "/") lies in
+// the range the library keeps for its own keys (see reservedPrefix):
+// "__etcdlock" and every name under "__etcdlock/". Any other name is taken
+// as etcd's Mutex takes it, "/my-lock/" and "a//b" included: its keys are
+// name + "/" + the lease ID in hex, so that etcd's Mutex, `etcdctl lock`
+// and this package on one name are one queue.
 func checkName(name string) error {
 	switch {
 	case name == "":

@@ -36,6 +36,36 @@ func defaultSessionOptions() sessionOptions {
 // return an error wrapping ErrInvalidOption.
 type SessionOption func(*sessionOptions) error
 
+// newSessionOptions applies opts to the defaults, and returns the first
+// invalid option's error.
+func newSessionOptions(opts []SessionOption) (sessionOptions, error) {
+	o := defaultSessionOptions()
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
+// CheckSessionOptions returns nil if NewSession takes opts, and the error
+// it would return for them otherwise (matching ErrInvalidOption). It
+// makes no RPC: a program or an adapter can check its configuration
+// before it has a client that reaches etcd.
+func CheckSessionOptions(opts ...SessionOption) error {
+	_, err := newSessionOptions(opts)
+	return err
+}
+
+// CheckMutexOptions returns nil if a Mutex takes opts, and the error its
+// Lock and TryLock would return for them otherwise (matching
+// ErrInvalidOption). It makes no RPC and needs no Session. One check is
+// left to Lock, since it depends on the Session: a WithMaxHold must
+// exceed a WithMinHold by the session's margin and a second.
+func CheckMutexOptions(opts ...MutexOption) error {
+	return newMutexOptions(KindMutex, opts).err
+}
+
 // WithTTL sets the TTL of the session's lease: how long etcd keeps the
 // session's locks, and its places in their queues, after the process
 // stops renewing it (it died or was cut off). So a waiter killed with

@@ -162,11 +162,9 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 	if cli == nil {
 		return nil, errorf("%w: nil client", ErrInvalidOption)
 	}
-	o := defaultSessionOptions()
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o, err := newSessionOptions(opts)
+	if err != nil {
+		return nil, err
 	}
 	st, err := startLease(ctx, cli, &o)
 	if err != nil {

@@ -39,10 +39,10 @@ type Elector struct {
 // NewElector starts campaigning, through cli, in the election called
 // name, with value as this replica's proposal (for example its host
 // name: `etcdlock status NAME` shows it). It makes no RPC. It returns an
-// error wrapping etcdlock.ErrInvalidOption for a nil cli or an invalid
-// Option, and etcdlock.ErrInvalidName for an invalid name. What only
-// etcdlock.Lead checks, a session option or the value, ends the campaign
-// at once: IsLeader then says why.
+// error wrapping etcdlock.ErrInvalidOption for a nil cli, an invalid
+// Option or session option, and etcdlock.ErrInvalidName for an invalid
+// name. What only etcdlock.Lead checks, the value, ends the campaign at
+// once: IsLeader then says why.
 //
 // Do not share the name with a lock: the election's keys are a lock's
 // keys of that name (see etcdlock.Election).
@@ -63,6 +63,9 @@ func NewElector(cli *clientv3.Client, name, value string, opts ...Option) (*Elec
 	}
 	if err := checkName(name); err != nil {
 		return nil, err
+	}
+	if err := etcdlock.CheckSessionOptions(o.session...); err != nil {
+		return nil, fmt.Errorf("etcdlockgocron: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Elector{name: name, delay: o.delay, cancel: cancel, done: make(chan struct{})}

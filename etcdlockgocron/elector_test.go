@@ -272,6 +272,7 @@ func TestNewElectorOptions(t *testing.T) {
 		{"nil client", "e", "v", nil, nil, etcdlock.ErrInvalidOption},
 		{"a Locker's option", "e", "v", cli, []etcdlockgocron.Option{etcdlockgocron.WithPrefix("x/")}, etcdlock.ErrInvalidOption},
 		{"negative takeover delay", "e", "v", cli, []etcdlockgocron.Option{etcdlockgocron.WithTakeoverDelay(-time.Second)}, etcdlock.ErrInvalidOption},
+		{"a TTL too short", "e", "v", cli, []etcdlockgocron.Option{etcdlockgocron.WithSessionOptions(etcdlock.WithTTL(time.Millisecond))}, etcdlock.ErrInvalidOption},
 		{"empty name", "", "v", cli, nil, etcdlock.ErrInvalidName},
 		{"reserved name", "__etcdlock", "v", cli, nil, etcdlock.ErrInvalidName},
 		{"name under the reserved one", "__etcdlock/e", "v", cli, nil, etcdlock.ErrInvalidName},

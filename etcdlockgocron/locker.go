@@ -49,11 +49,10 @@ type Locker struct {
 //
 // NewLocker makes no RPC. It returns an error wrapping
 // etcdlock.ErrInvalidOption for a nil cli, a minHold that is not
-// positive, or an invalid Option, and etcdlock.ErrInvalidName for a
-// prefix that makes every name invalid. What only the library checks
-// when it is used, a minHold that etcdlock.WithMinHold refuses (above
-// etcdlock.MaxLockDelay, below a millisecond) or a session option, makes
-// each Lock fail with that error.
+// positive or that etcdlock.WithMinHold refuses (above
+// etcdlock.MaxLockDelay, below a millisecond), or an invalid Option or
+// session option, and etcdlock.ErrInvalidName for a prefix that makes
+// every name invalid.
 func NewLocker(cli *clientv3.Client, minHold time.Duration, opts ...Option) (*Locker, error) {
 	o := options{prefix: DefaultPrefix}
 	if err := o.apply(opts); err != nil {
@@ -73,6 +72,12 @@ func NewLocker(cli *clientv3.Client, minHold time.Duration, opts ...Option) (*Lo
 	}
 	if err := checkName(o.prefix + "job"); err != nil {
 		return nil, fmt.Errorf("%w (prefix %.64q)", err, o.prefix)
+	}
+	if err := etcdlock.CheckMutexOptions(etcdlock.WithMinHold(minHold)); err != nil {
+		return nil, fmt.Errorf("etcdlockgocron: %w", err)
+	}
+	if err := etcdlock.CheckSessionOptions(o.session...); err != nil {
+		return nil, fmt.Errorf("etcdlockgocron: %w", err)
 	}
 	return &Locker{
 		cli:      cli,

@@ -266,6 +266,9 @@ func TestNewLockerOptions(t *testing.T) {
 		{"nil option", true, time.Second, []etcdlockgocron.Option{nil}, etcdlock.ErrInvalidOption},
 		{"an Elector's delay", true, time.Second, []etcdlockgocron.Option{etcdlockgocron.WithTakeoverDelay(time.Second)}, etcdlock.ErrInvalidOption},
 		{"reserved prefix", true, time.Second, []etcdlockgocron.Option{etcdlockgocron.WithPrefix("__etcdlock/")}, etcdlock.ErrInvalidName},
+		{"a TTL too short", true, time.Second, []etcdlockgocron.Option{etcdlockgocron.WithSessionOptions(etcdlock.WithTTL(time.Millisecond))}, etcdlock.ErrInvalidOption},
+		{"a minimum hold too long", true, etcdlock.MaxLockDelay + time.Second, nil, etcdlock.ErrInvalidOption},
+		{"a minimum hold too short", true, time.Microsecond, nil, etcdlock.ErrInvalidOption},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var given *clientv3.Client
@@ -279,7 +282,7 @@ func TestNewLockerOptions(t *testing.T) {
 	}
 
 	// What the library checks only when it is used is Lock's error: a
-	// session option, a minimum hold WithMinHold refuses, a job's name.
+	// job's name.
 	for _, c := range []struct {
 		name    string
 		minHold time.Duration
@@ -287,8 +290,6 @@ func TestNewLockerOptions(t *testing.T) {
 		job     string
 		want    error
 	}{
-		{"a TTL too short", time.Second, []etcdlockgocron.Option{etcdlockgocron.WithSessionOptions(etcdlock.WithTTL(time.Millisecond))}, "job", etcdlock.ErrInvalidOption},
-		{"a minimum hold too long", etcdlock.MaxLockDelay + time.Second, nil, "job", etcdlock.ErrInvalidOption},
 		{"a name too long", time.Second, nil, strings.Repeat("n", etcdlock.MaxNameLen), etcdlock.ErrInvalidName},
 	} {
 		t.Run(c.name, func(t *testing.T) {
