@@ -106,6 +106,22 @@ func (m *RWMutex) RDo(ctx context.Context, fn func(ctx context.Context) error) e
 func (m *RWMutex) Downgrade(ctx context.Context) error {
 	m.mu.Lock()
 	h := m.h
+	if h != nil && (h.mode.Exclusive() || h.modeUnknown) {
+		// A loss already known, as Unlock and Proclaim know it: the
+		// loss watch's, or the session's end or the max hold passing,
+		// which need no watch.
+		var lost error
+		switch {
+		case h.ended():
+			lost = h.err // nil: ended after a failed Unlock, no loss
+		case h.intact():
+			lost = m.unwatchedLoss(h)
+		}
+		if lost != nil {
+			m.mu.Unlock()
+			return lost
+		}
+	}
 	if h == nil || h.state != holdHeld || (!h.mode.Exclusive() && !h.modeUnknown) {
 		m.mu.Unlock()
 		return errorf("%w: Downgrade without a write lock", ErrLockReleased)
