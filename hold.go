@@ -144,10 +144,16 @@ func (q *queue) unwatchedLoss(h *hold) error {
 	if err := q.s.Err(); err != nil {
 		return errorf("%w: %w", ErrLockLost, err)
 	}
-	if !h.maxDeadline().IsZero() && time.Now().After(h.maxDeadline().Add(-q.s.expiryMargin())) {
+	if q.maxHoldPassed(h) {
 		return errorf("%w: %w", ErrLockLost, errMaxHold)
 	}
 	return nil
+}
+
+// maxHoldPassed reports whether h's WithMaxHold limit has passed as its
+// holder is told: a margin before etcd ends the lease.
+func (q *queue) maxHoldPassed(h *hold) bool {
+	return !h.maxDeadline().IsZero() && time.Now().After(h.maxDeadline().Add(-q.s.expiryMargin()))
 }
 
 // lose ends h as lost, from the loss watch (cause: why the key went), or

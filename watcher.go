@@ -516,12 +516,17 @@ func (w *sessionWatcher) end() {
 	}
 	// The holds nobody watched (Done was never asked) end with the
 	// session too: lose reports each once, as it did the watched ones.
+	// One whose max hold had passed ended then (Err said so, and its key
+	// went with the max hold's lease): that stays its cause.
 	for _, q := range w.s.holders() {
 		q.mu.Lock()
-		h := q.h
+		h, why := q.h, cause
+		if h != nil && h.intact() && q.maxHoldPassed(h) {
+			why = errMaxHold
+		}
 		q.mu.Unlock()
 		if h != nil {
-			q.lose(h, cause)
+			q.lose(h, why)
 		}
 	}
 	w.busy.Wait()
