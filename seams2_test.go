@@ -411,3 +411,84 @@ func TestSeam2DowngradeLockDelay(t *testing.T) {
 	require.NoError(t, r1.RUnlock(t.Context()))
 	require.NoError(t, r2.RUnlock(t.Context()))
 }
+
+// TestSeam2MinHoldHooks: an Unlock that the minimum hold holds back
+// reports nothing yet (the key stays, and the lock is taken); HoldDone
+// comes once, when the session's release deletes the key, as Released,
+// with Held at least the minimum hold; Done closes then; Close reports
+// nothing more.
+func TestSeam2MinHoldHooks(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := delayName(t)
+	hooks, ends := holdEnds()
+	s, err := etcdlock.NewSession(t.Context(), cli, etcdlock.WithHooks(hooks))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	m := etcdlock.NewMutex(s, name, etcdlock.WithMinHold(testMinHold))
+	require.NoError(t, m.Lock(t.Context()))
+	key := m.Key()
+	done := m.Done()
+	require.NoError(t, m.Unlock(t.Context()))
+	select {
+	case i := <-ends:
+		t.Fatalf("HoldDone while the minimum hold keeps the key: %+v", i)
+	default:
+	}
+	require.Equal(t, []string{key}, keys(t, cli, name), "held back")
+	end := nextEnd(t, ends)
+	require.Equal(t, etcdlock.Released, end.End, "%v", end.Err)
+	require.GreaterOrEqual(t, end.Held, testMinHold)
+	require.Empty(t, keys(t, cli, name), "reported once the key is gone")
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done did not close with the release")
+	}
+	require.NoError(t, s.Close())
+	select {
+	case i := <-ends:
+		t.Fatalf("a second HoldDone: %+v", i)
+	default:
+	}
+}
+
+// TestSeam2MultiNestedRequest: a MultiMutex over a name and a name nested
+// in it, beside a nested lock's holder older than the set: readers of
+// each name follow the set round its names and pass the nested lock's
+// key by, so the set holds both names, and a request for the nested
+// name reaches the set, not the waiter behind it, nor the hold that
+// waiter takes next.
+func TestSeam2MultiNestedRequest(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	sub := name + "/sub"
+	deeper := etcdlock.NewMutex(newSession(t, cli), sub+"/deeper")
+	require.NoError(t, deeper.Lock(t.Context())) // older than the set, in a nested lock of sub
+
+	set := etcdlock.NewMultiMutex(newSession(t, cli), []string{name, sub}, etcdlock.WithCancelOnRequest())
+	require.NoError(t, set.Lock(t.Context()))
+	for _, n := range []string{name, sub} {
+		q, err := etcdlock.InspectLock(t.Context(), cli, n)
+		require.NoError(t, err)
+		require.Len(t, q.Holders(), 1, "%s: %+v", n, q.Keys)
+		require.True(t, q.Holders()[0].InSet)
+		require.Empty(t, q.Holders()[0].WaitsFor)
+	}
+	w := etcdlock.NewMutex(newSession(t, cli), sub)
+	wq := startWaiter(t.Context(), w)
+	wq.waitIdle(t)
+
+	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, sub))
+	requested(t, set.ReleaseRequested(), "the set")
+	q, err := etcdlock.InspectLock(t.Context(), cli, sub)
+	require.NoError(t, err)
+	require.True(t, q.Holders()[0].ReleaseRequested)
+	require.Empty(t, requestKeys(t, cli, sub+"/deeper"), "the nested lock's holder was not asked")
+	require.NoError(t, set.Unlock(t.Context()))
+	require.NoError(t, wq.result(t, 10*time.Second))
+	notRequested(t, w.ReleaseRequested(), "the hold after the set's")
+	require.NoError(t, w.Unlock(t.Context()))
+	require.NoError(t, deeper.Unlock(t.Context()))
+}
