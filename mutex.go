@@ -99,7 +99,9 @@ func (m *Mutex) TryLock(ctx context.Context) error { return m.lock(ctx, KeyMode{
 // returns 0, IsOwner never holds), Done closes once the key is gone, the
 // next Lock of the session on this name waits for the release (TryLock
 // returns ErrLocked meanwhile), and the next Unlock waits for it and
-// returns nil once it is done. So a caller that ignores Unlock's error, as
+// returns nil once it is done (an error matching ErrLockLost if the key
+// went before the release reached etcd: deleted, or its max hold passed).
+// So a caller that ignores Unlock's error, as
 // defer m.Unlock(ctx) does, never keeps the lock for longer than etcd is
 // out of reach.
 //
