@@ -173,20 +173,27 @@ var unlockClose = exploreOp{"UnlockClose", false, true, func(ctx context.Context
 	return errors.Join(err, cerr)
 }}
 
-// outlast keeps the hold until its max hold ends it (Done closes), the
-// ctx ends, or 2.5s pass: without it holds last a few steps, and the
-// loss a max hold causes would not meet the faults nor the other actors'
-// waits (MutexMaxHold).
+// outlast keeps the hold until its max hold ends it (Done closes), 2.5s
+// pass, or the op is cancelled: without it holds last a few steps, and
+// the loss a max hold causes would not meet the faults nor the other
+// actors' waits (MutexMaxHold). A deadline drawn for the op does not end
+// it (most are far shorter than a max hold); the schedule's end does.
 var outlast = exploreOp{"Outlast", false, false, func(ctx context.Context, a *actor, _ int) error {
 	t := time.NewTimer(2500 * time.Millisecond)
 	defer t.Stop()
-	select {
-	case <-a.p.Done():
-		return a.p.Err() // why it ended, if it was held
-	case <-ctx.Done():
-	case <-t.C:
+	for {
+		select {
+		case <-a.p.Done():
+			return a.p.Err() // why it ended, if it was held
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil
+			}
+			ctx = a.x.ctx
+		}
 	}
-	return nil
 }}
 
 // checkCleanRelease reports a pending lock delay left by the hold of key
