@@ -14,7 +14,7 @@ import (
 )
 
 // TestConcurrentWritersNeverGoBack: writers with the tokens 1 to n,
-// interleaved, write one row side by side, each through Do: it reads the
+// racing in waves, write one row side by side, each through Do: it reads the
 // row's token, pauses a little, writes its own, and appends (previous
 // token, its token) to a log, all in its transaction. Whatever the
 // interleaving, the committed writes form one chain: sorted by token, each
@@ -24,7 +24,7 @@ import (
 // token, which is the fence's, and every refused writer was below a
 // committed one. On PostgreSQL this runs at READ COMMITTED, the default.
 func TestConcurrentWritersNeverGoBack(t *testing.T) {
-	const n = 64
+	const n, wave = 64, 8
 	forEachDatabase(t, func(t *testing.T, db *sql.DB) {
 		ctx := t.Context()
 		db.SetMaxOpenConns(n)
@@ -46,41 +46,48 @@ func TestConcurrentWritersNeverGoBack(t *testing.T) {
 			require.Equal(t, "read committed", level)
 		}
 
-		// Interleaved: the writers start 1ms apart, in the tokens' order
-		// but shuffled within each run of 8. All at once, the highest
-		// token would win early and refuse nearly everyone; this way many
-		// commit and many are refused, in one race.
+		// In waves: the tokens 1 to 8 race each other, started at once
+		// in a shuffled order, then 9 to 16 once those have ended, and
+		// so on. All 64 at once, the highest token would win early and
+		// refuse nearly everyone; writers started a millisecond apart
+		// did, on a busy machine, which runs them in bursts. In waves,
+		// the first writer of each wave to commit is above every earlier
+		// wave's, so at least 8 commit however the machine schedules
+		// them, and within a wave the ones below a committed token are
+		// refused.
+		write := func(token int64) error {
+			return etcdlocksql.Do(ctx, db, "counter", token, func(tx *sql.Tx) error {
+				var prev int64
+				if err := tx.QueryRowContext(ctx, "SELECT token FROM counter WHERE id = 1").Scan(&prev); err != nil {
+					return err
+				}
+				time.Sleep(time.Duration(rand.IntN(1000)) * time.Microsecond)
+				if _, err := tx.ExecContext(ctx, "UPDATE counter SET token = $1 WHERE id = 1", token); err != nil {
+					return err
+				}
+				_, err := tx.ExecContext(ctx, "INSERT INTO log (seq, prev, token) SELECT COALESCE(MAX(seq), 0) + 1, $1, $2 FROM log", prev, token)
+				return err
+			})
+		}
 		tokens := make([]int64, n)
 		for i := range tokens {
 			tokens[i] = int64(i + 1)
 		}
-		for b := 0; b < n; b += 8 {
-			run := tokens[b:min(b+8, n)]
-			rand.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
-		}
 		errs := make([]error, n)
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		for i, token := range tokens {
-			wg.Go(func() {
-				<-start
-				time.Sleep(time.Duration(i) * time.Millisecond)
-				errs[i] = etcdlocksql.Do(ctx, db, "counter", token, func(tx *sql.Tx) error {
-					var prev int64
-					if err := tx.QueryRowContext(ctx, "SELECT token FROM counter WHERE id = 1").Scan(&prev); err != nil {
-						return err
-					}
-					time.Sleep(time.Duration(rand.IntN(1000)) * time.Microsecond)
-					if _, err := tx.ExecContext(ctx, "UPDATE counter SET token = $1 WHERE id = 1", token); err != nil {
-						return err
-					}
-					_, err := tx.ExecContext(ctx, "INSERT INTO log (seq, prev, token) SELECT COALESCE(MAX(seq), 0) + 1, $1, $2 FROM log", prev, token)
-					return err
+		for b := 0; b < n; b += wave {
+			run := tokens[b:min(b+wave, n)]
+			rand.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i, token := range run {
+				wg.Go(func() {
+					<-start
+					errs[b+i] = write(token)
 				})
-			})
+			}
+			close(start)
+			wg.Wait()
 		}
-		close(start)
-		wg.Wait()
 
 		var committed, refused []int64
 		for i, err := range errs {
