@@ -296,6 +296,21 @@ func (s *Session) Lease() clientv3.LeaseID { return s.id }
 // TTL returns the lease TTL etcd granted (it may round up what was asked).
 func (s *Session) TTL() time.Duration { return s.ttl }
 
+// Expiry returns the time until which the session's lease is known to
+// live: the send time of the newest renewal etcd confirmed (or of the
+// grant) plus the TTL etcd granted. etcd extends a lease only when it
+// receives a renewal, so it cannot expire the lease, and give the
+// session's locks to anyone else, before then; later renewals move it on.
+// The session ends a small margin before it if no renewal is confirmed
+// meanwhile. Work that must be stopped before the locks can pass on (a
+// child process given time to shut down, say) counts back from Expiry.
+// After the session ends Expiry no longer moves.
+func (s *Session) Expiry() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deadline
+}
+
 // Done returns a channel closed when the session ends: Close, Orphan, the
 // WithContext context ending, the client closed, the lease revoked, or the
 // lease's life running out without a confirmed renewal. Locks held through

@@ -464,3 +464,35 @@ func TestOneSessionPerLease(t *testing.T) {
 	require.NoError(t, m3.Lock(t.Context()))
 	require.NoError(t, m3.Unlock(t.Context()))
 }
+
+// Expiry is the lease's known life: send time of the grant (or the newest
+// confirmed renewal) plus the TTL, never later than etcd could count it,
+// and it moves on with each confirmed renewal. Here against the clock the
+// test reads around the grant, and the hook that reports a renewal.
+func TestSessionExpiry(t *testing.T) {
+	t.Parallel()
+	renewed := make(chan etcdlock.RenewDoneInfo, 16)
+	before := time.Now()
+	s := newSession(t, newClient(t), etcdlock.WithTTL(3*time.Second), etcdlock.WithHooks(etcdlock.Hooks{
+		RenewDone: func(i etcdlock.RenewDoneInfo) {
+			select {
+			case renewed <- i:
+			default:
+			}
+		},
+	}))
+	after := time.Now()
+	first := s.Expiry()
+	require.False(t, first.Before(before.Add(s.TTL())), "Expiry %v is before the grant was sent + TTL", first.Sub(before))
+	require.False(t, first.After(after.Add(s.TTL())), "Expiry %v is later than the grant's answer + TTL", first.Sub(before))
+
+	var i etcdlock.RenewDoneInfo
+	select {
+	case i = <-renewed:
+	case <-time.After(time.Minute):
+		t.Fatal("no renewal reported")
+	}
+	require.NoError(t, i.Err)
+	require.True(t, s.Expiry().After(first), "Expiry did not move on with a renewal")
+	require.False(t, s.Expiry().After(time.Now().Add(s.TTL())), "Expiry is later than now + TTL")
+}
