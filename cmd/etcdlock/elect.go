@@ -42,12 +42,13 @@ CMD finds in its environment:
   ETCDLOCK_VALUE   VALUE, the proposal observers see
 
 Leadership lasts as long as etcdlock renews its lease: if etcdlock dies, the
-next candidate leads at most --ttl later. If leadership is lost while CMD
-runs (the key was deleted, or the lease could not be renewed within --ttl),
-CMD gets SIGTERM, then SIGKILL after --grace, and etcdlock exits 6 as soon
-as CMD has exited. Signals, process groups, CMD's death with a killed
-etcdlock, and a candidate that loses its place in the queue (it joins
-again at the back) work as in 'etcdlock run'.
+next candidate leads at most --ttl later. CMD is stopped before the next
+candidate can lead: when renewals have failed so long that leadership could
+pass on (exit 7), and when leadership is lost (exit 6), as 'etcdlock run'
+stops it (see its "Stopping CMD"). Signals, process groups, CMD's death
+with a killed etcdlock, what CMD leaves running (--keep-children), and a
+candidate that loses its place in the queue (it joins again at the back)
+work as in 'etcdlock run'.
 
 Elections are those of etcd's concurrency.Election and 'etcdctl elect': the
 key NAME/<lease ID in hex> holds the proposal, and the oldest key leads.
@@ -106,7 +107,8 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	conn.register(fset)
 	var ttl, grace time.Duration
 	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`, rounded up to whole seconds (etcd's unit): if etcdlock dies, the next candidate leads at most this long after")
-	durationVar(fset, &grace, "grace", 10*time.Second, "after losing leadership, wait this `duration` between SIGTERM and SIGKILL to CMD")
+	durationVar(fset, &grace, "grace", defaultGrace, "wait this `duration` between SIGTERM and SIGKILL to CMD, when leadership is lost or etcd has not confirmed renewals for so long that it could pass on; at most --ttl/2 less a margin (default 10s, or --ttl/3 less the margin if that is less: see Stopping CMD below)")
+	keepChildren := fset.Bool("keep-children", false, "when CMD exits, leave the processes it started running, outside the lock (default: kill them before the release)")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
 	listen := fset.Bool("listen", false, "do not campaign: print the leader and every change")
 	fset.BoolVar(listen, "l", false, "the same as --listen, as in etcdctl elect -l")
@@ -143,10 +145,15 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 		return usageErr("elect", "--listen takes NAME only, no VALUE or CMD")
 	case *onRelease != nil && !hasCmd:
 		return usageErr("elect", "--on-release passes a request on to CMD: give CMD")
+	case *keepChildren && !hasCmd:
+		return usageErr("elect", "--keep-children is about the processes CMD starts: give CMD")
 	case ttl < etcdlock.MinTTL:
 		return usageErr("elect", "--ttl must be at least %v, not %v", etcdlock.MinTTL, ttl)
 	case grace < 0:
 		return usageErr("elect", "--grace must not be negative")
+	}
+	if grace, err = graceFor(fset, "elect", grace, ttl); err != nil {
+		return err
 	}
 	value := defaultValue()
 	if len(pos) > 1 {
@@ -161,7 +168,7 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	if *listen {
 		return listenElection(&conn, pos[0], *asJSON, stdout, stderr)
 	}
-	r := &lockRun{conn: &conn, name: pos[0], ttl: ttl, stderr: stderr, elect: &candidacy{value: value}, onRelease: *onRelease}
+	r := &lockRun{conn: &conn, name: pos[0], ttl: ttl, stderr: stderr, elect: &candidacy{value: value}, onRelease: *onRelease, keepChildren: *keepChildren}
 	return r.main(cmdArgs, false, 0, *quiet, grace, stdout)
 }
 

@@ -141,8 +141,8 @@ func TestElectLossStopsCmd(t *testing.T) {
 	require.Contains(t, stderr, "was lost while cmd.sh ran")
 }
 
-// Cut off from etcd, the leader stops CMD once its lease can no longer be
-// renewed in time, and exits soon after; the lease then expires and the
+// Cut off from etcd, the leader stops CMD before its lease can expire, and
+// exits once its session has ended; the lease then expires and the
 // next candidate leads.
 func TestElectCutOffStopsCmd(t *testing.T) {
 	t.Parallel()
@@ -163,12 +163,14 @@ func TestElectCutOffStopsCmd(t *testing.T) {
 
 	px.Cut()
 	cut := time.Now()
-	require.Equal(t, exitLost, p.wait(t), p.stderr.String())
+	// CMD is stopped while the lease still lives (jeopardy: exit 7),
+	// and etcdlock exits once its session has ended.
+	require.Equal(t, exitJeopardy, p.wait(t), p.stderr.String())
 	took := time.Since(cut)
 	t.Logf("etcdlock exited %v after the cut", took)
 	require.Less(t, took, ttl+3*time.Second, "etcdlock lingered after the loss")
 	require.Contains(t, p.stdout.String(), "got TERM")
-	require.Contains(t, p.stderr.String(), "etcdlock: lost leadership of election")
+	require.Contains(t, p.stderr.String(), "cmd.sh was stopped before leadership of election")
 	select {
 	case err := <-campaigned:
 		require.NoError(t, err)
@@ -318,6 +320,8 @@ func TestElectUsage(t *testing.T) {
 		{[]string{"elect", "--listen", "n", "v"}, "--listen takes NAME only"},
 		{[]string{"elect", "--listen", "n", "--", "true"}, "--listen takes NAME only"},
 		{[]string{"elect", "--ttl", "500ms", "n", "--", "true"}, "--ttl must be at least 1s"},
+		{[]string{"elect", "--ttl", "4", "--grace", "2s", "n", "--", "true"}, "--grace 2s does not fit in --ttl 4s"},
+		{[]string{"elect", "--keep-children", "n", "v"}, "--keep-children is about the processes CMD starts: give CMD"},
 		{[]string{"elect", "n", "etcdlock/1 x", "--", "true"}, `VALUE must not start with "etcdlock/1 "`},
 	} {
 		r := runProc(t, nil, tc.args...)

@@ -108,6 +108,7 @@ const (
 	exitHeld       = 4
 	exitTimeout    = 5
 	exitLost       = 6
+	exitJeopardy   = 7
 	exitCannotExec = 126
 	exitNotFound   = 127
 	exitSignalBase = 128
@@ -123,6 +124,8 @@ const exitCodesHelp = `Exit codes:
   5        run --timeout: gave up waiting
   6        run: the lock was lost while CMD ran (CMD was stopped), or while
            held without CMD; elect: the same for leadership
+  7        run, elect: etcd did not confirm renewals of the lease for so long
+           that the lock could soon pass on, so CMD was stopped before it could
   126      run, elect: CMD cannot be executed
   127      run, elect: CMD not found
   128+N    run, elect: interrupted by signal N while waiting (130 SIGINT, 143 SIGTERM),

@@ -84,6 +84,13 @@ func sigName(sig os.Signal) string {
 		return "SIGTERM"
 	case syscall.SIGHUP:
 		return "SIGHUP"
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	case syscall.SIGQUIT:
+		return "SIGQUIT"
+	}
+	if s, ok := sig.(syscall.Signal); ok {
+		return fmt.Sprintf("signal %d (%s)", int(s), s)
 	}
 	return sig.String()
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -82,11 +83,9 @@ scripts written for 'etcdctl lock', and in a fleet that mixes both tools it
 is the one number both set with the same meaning.
 
 The lock lives as long as etcdlock renews its lease: if etcdlock dies, the
-lock passes on at most --ttl later. If the lock is lost while CMD runs (the
-key was deleted, or the lease could not be renewed within --ttl), CMD gets
-SIGTERM, then SIGKILL after --grace, and etcdlock exits 6 as soon as CMD
-has exited: it tries to revoke the lease for a second at most (etcd may be
-out of reach; the lease expires on its own).
+lock passes on at most --ttl later.
+
+` + stoppingHelp + `
 
 SIGINT, SIGTERM and SIGHUP are passed on to CMD; while etcdlock still waits
 they make it leave the queue and exit 128+N. Unless standard input is the
@@ -121,7 +120,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	durationVar(fset, &timeout, "timeout", 0, "give up waiting after this `duration`, counted from the first join, and exit 5 (0: wait for ever)")
 	var try tryFlag
 	fset.Var(&try, "try", "do not wait: exit 4 if the lock cannot be taken at once (it is held, or has waiters); --try=`DURATION` (consul's -try=5s) waits at most that long instead, as --timeout does")
-	durationVar(fset, &grace, "grace", 10*time.Second, "after losing the lock, wait this `duration` between SIGTERM and SIGKILL to CMD")
+	durationVar(fset, &grace, "grace", defaultGrace, "wait this `duration` between SIGTERM and SIGKILL to CMD, when the lock is lost or etcd has not confirmed renewals for so long that it could pass on; at most --ttl/2 less a margin (default 10s, or --ttl/3 less the margin if that is less: see Stopping CMD below)")
+	keepChildren := fset.Bool("keep-children", false, "when CMD exits, leave the processes it started running, outside the lock (default: kill them before the release)")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
 	shared := fset.Bool("shared", false, "take a read lock (an RWMutex's): hold together with other --shared runs")
 	var permits, capacity int64
@@ -175,6 +175,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	case minHold != 0 && (len(also) > 0 || *shared || permits != 0 || consulN != 0):
 		return usageErr("run", "--min-hold is for an exclusive lock: it does not go with --also, --shared, --permits or -n")
 	}
+	if grace, err = graceFor(fset, "run", grace, ttl); err != nil {
+		return err
+	}
 	mode, err := runMode(fset, *shared, permits, capacity, consulN)
 	if err != nil {
 		return err
@@ -188,7 +191,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if *onRelease != nil && len(cmdArgs) == 0 {
 		return usageErr("run", "--on-release passes a request on to CMD: give CMD")
 	}
-	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode, onRelease: *onRelease, lockDelay: lockDelay, minHold: minHold}
+	if *keepChildren && len(cmdArgs) == 0 {
+		return usageErr("run", "--keep-children is about the processes CMD starts: give CMD")
+	}
+	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode, onRelease: *onRelease, lockDelay: lockDelay, minHold: minHold, keepChildren: *keepChildren}
 	if try.wait > 0 {
 		timeout = try.wait
 	}
@@ -319,13 +325,42 @@ func (r *lockRun) main(cmdArgs []string, try bool, timeout time.Duration, quiet 
 
 // diesWithParentHelp tells, in run's and elect's help, what becomes of
 // CMD when etcdlock is killed.
-const diesWithParentHelp = `If etcdlock itself dies without a chance to stop CMD (SIGKILL, the OOM
-killer), CMD dies with it on Linux, while the lease it leaves behind still
-bars the next holder for up to --ttl: CMD runs under a small supervisor
-(etcdlock __supervise) that kills CMD's whole process group with SIGKILL
-when etcdlock dies; with the terminal as standard input, CMD alone gets
-SIGKILL. On other systems CMD runs on, and may overlap the next holder
-once the lease expires.`
+const diesWithParentHelp = `CMD and every process it starts run only while the lock is held. On Linux
+CMD runs under a small supervisor (etcdlock __supervise), and each of
+etcdlock, supervisor, CMD is tied to the one before: if etcdlock dies
+(SIGKILL, the OOM killer), the supervisor kills CMD and all it started; if
+the supervisor dies, CMD gets SIGKILL from the kernel and etcdlock kills
+what CMD started; either way before the lease lets the next holder in.
+Processes are reached wherever they moved (a process group or session of
+their own, a double fork): etcdlock and the supervisor are child
+subreapers, so orphans are handed to them, not to init. When CMD exits,
+what it left running is killed before the lock is released, unless
+--keep-children (then it runs on outside the lock). The one gap: if
+etcdlock and the supervisor are both killed at once (pkill -9 -f
+etcdlock), CMD dies, but processes CMD started are handed to init and run
+on. On other systems CMD runs in a process group of its own, what is left
+of the group is killed when CMD exits, and if etcdlock is killed, CMD runs
+on and may overlap the next holder once the lease expires.`
+
+// stoppingHelp tells, in run's and elect's help, when and how CMD is
+// stopped, and what --grace may be.
+const stoppingHelp = `Stopping CMD: CMD is gone before the lock can pass on. etcd can expire
+the lease --ttl after the newest renewal it received; CMD gets SIGKILL at
+the latest a margin before that (the larger of 500ms and --ttl/20), and
+SIGTERM --grace before the SIGKILL. So when renewals have failed for
+--ttl less --grace less the margin (etcd out of reach, or paused), CMD is
+stopped, and etcdlock exits 7 once CMD has exited (the lock may still
+have been held; it is released, or goes with the lease). The supervisor
+keeps the same deadline, and stops CMD by it even if etcdlock cannot (it
+is paused or starved). --grace may be at most --ttl/2 less the margin, so
+that one slow renewal does not stop CMD; by default it is 10s, or
+--ttl/3 less the margin if that is less (4.25s at the default --ttl of
+15s; at --ttl 60s, 10s). If the lock is lost while CMD runs (the key was
+deleted, the lease revoked, or the session ended), CMD gets SIGTERM, then
+SIGKILL after --grace (sooner if the lease's deadline comes first), and
+etcdlock exits 6 as soon as CMD has exited: it tries to revoke the lease
+for a second at most (etcd may be out of reach; the lease expires on its
+own).`
 
 // cmdErr explains why CMD cannot be started.
 func cmdErr(name string, err error) error {
@@ -381,6 +416,12 @@ type lockRun struct {
 	// cmdName is CMD's name, without arguments, for the key's identity;
 	// "" without CMD.
 	cmdName string
+	// keepChildren leaves what CMD started running when CMD exits
+	// (--keep-children).
+	keepChildren bool
+	// renewed gets a value after a renewal of s's lease has moved its
+	// Expiry.
+	renewed chan struct{}
 }
 
 // holdable is what a lockRun waits for and holds: a Mutex, or a candidacy
@@ -490,7 +531,18 @@ func (r *lockRun) held() string {
 func (r *lockRun) startSession(ctx context.Context) error {
 	gctx, cancel := context.WithTimeout(ctx, r.conn.commandTimeout)
 	defer cancel()
-	s, err := etcdlock.NewSession(gctx, r.cli, etcdlock.WithTTL(r.ttl))
+	r.renewed = make(chan struct{}, 1)
+	renewed := r.renewed // this session's
+	s, err := etcdlock.NewSession(gctx, r.cli, etcdlock.WithTTL(r.ttl), etcdlock.WithHooks(etcdlock.Hooks{
+		RenewDone: func(i etcdlock.RenewDoneInfo) {
+			if i.Err == nil {
+				select {
+				case renewed <- struct{}{}:
+				default: // one is enough: the reader reads Expiry
+				}
+			}
+		},
+	}))
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
@@ -759,16 +811,53 @@ func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer
 		)
 	}
 	group := !interactive()
-	cmdArg0 := cmd.Args[0]
-	cmd = supervised(cmd, group)
-	waitc, err := startLocked(cmd)
+	ch, waitc, err := startChild(cmd, group, r.keepChildren, grace)
 	if err != nil {
 		r.release()
-		return cmdErr(cmdArg0, err)
+		return cmdErr(cmd.Args[0], err)
 	}
 
-	var lostErr, waitErr error
-	var killc <-chan time.Time
+	// CMD must be gone, SIGKILL included, killMargin before etcd can expire
+	// the lease: stopping it starts grace before that, whenever renewals
+	// have failed that long (jeopardy), or at once when the hold is lost.
+	// The supervisor is told the deadline after each renewal, and keeps
+	// it if etcdlock cannot (paused, starved); etcdlock acts a moment
+	// earlier, so that the supervisor need not.
+	const lead = 100 * time.Millisecond
+	margin := killMargin(r.s.TTL())
+	killBy := func() time.Time { return r.s.Expiry().Add(-margin - lead) }
+	ch.deadline(killBy().Add(lead))
+	jeopardy := time.NewTimer(time.Until(killBy().Add(-grace)))
+	defer jeopardy.Stop()
+	var (
+		lostErr, waitErr error
+		stoppedEarly     bool      // in jeopardy, before any loss
+		termAt, killAt   time.Time // zero until CMD is being stopped
+		killed           bool      // SIGKILL was sent
+	)
+	kill := time.NewTimer(time.Hour)
+	kill.Stop()
+	defer kill.Stop()
+	// stop stops CMD by at: SIGTERM now and SIGKILL at, or SIGKILL now if
+	// at has come. A second call only brings SIGKILL forward.
+	stop := func(why string, at time.Time) {
+		switch {
+		case killed || (!killAt.IsZero() && !at.Before(killAt)):
+			fmt.Fprintf(stderr, "etcdlock: %s; %s is being stopped\n", why, cmdName)
+		case !time.Now().Before(at):
+			fmt.Fprintf(stderr, "etcdlock: %s; sending %s SIGKILL\n", why, cmdName)
+			ch.kill()
+			killed = true
+		case termAt.IsZero():
+			fmt.Fprintf(stderr, "etcdlock: %s; sending it SIGTERM (SIGKILL in %s if it still runs)\n", why, fmtDur(time.Until(at)))
+			ch.stop()
+			termAt = time.Now()
+			fallthrough
+		default:
+			killAt = at
+			kill.Reset(time.Until(at))
+		}
+	}
 loop:
 	for {
 		select {
@@ -777,14 +866,32 @@ loop:
 		case <-lost:
 			lost = nil
 			r.lost = true
-			if lostErr = m.Err(); lostErr == nil {
-				lostErr = etcdlock.ErrLockLost
+			if err := m.Err(); lostErr == nil || stoppedEarly {
+				lostErr = cmp.Or(err, etcdlock.ErrLockLost)
 			}
-			fmt.Fprintf(stderr, "etcdlock: lost %s while %s ran (%s); sending it SIGTERM\n", held, cmdName, detail(lostErr))
-			signalCmd(cmd, sigTERM, group)
-			t := time.NewTimer(grace)
-			defer t.Stop()
-			killc = t.C
+			stop(fmt.Sprintf("lost %s while %s ran (%s)", held, cmdName, detail(lostErr)), minTime(time.Now().Add(grace), killBy()))
+		case <-r.renewed:
+			ch.deadline(killBy().Add(lead))
+		case <-jeopardy.C:
+			if at := killBy().Add(-grace); time.Now().Before(at) {
+				jeopardy.Reset(time.Until(at)) // renewed since
+				continue
+			}
+			switch {
+			case time.Now().Before(killBy()):
+				stoppedEarly = stoppedEarly || (termAt.IsZero() && !killed)
+			case lostErr == nil:
+				// Too late to stop CMD in time: etcdlock itself was
+				// paused or starved past it. The lock is as good as lost.
+				r.lost = true
+				lostErr = fmt.Errorf("%w: the lease may have expired before etcdlock could stop %s (etcdlock was paused or starved)", etcdlock.ErrSessionExpired, cmdName)
+			}
+			stop(fmt.Sprintf("etcd has not confirmed a renewal of the lease for %s, and %s can pass on %s from now (--ttl %s): %s must be gone by then",
+				fmtDur(time.Since(r.s.Expiry().Add(-r.s.TTL()))), held, fmtDur(max(0, time.Until(r.s.Expiry()))), r.s.TTL(), cmdName), killBy())
+		case <-kill.C:
+			fmt.Fprintf(stderr, "etcdlock: %s still runs %s after SIGTERM; sending it SIGKILL\n", cmdName, fmtDur(time.Since(termAt)))
+			ch.kill()
+			killed = true
 		case <-asked:
 			asked = nil
 			if r.onRelease == nil {
@@ -794,23 +901,41 @@ loop:
 				continue
 			}
 			fmt.Fprintf(stderr, "etcdlock: asked to release %s; sending %s %s\n", held, cmdName, sigName(r.onRelease))
-			signalCmd(cmd, r.onRelease, group)
-		case <-killc:
-			killc = nil
-			fmt.Fprintf(stderr, "etcdlock: %s still runs %v after SIGTERM; sending it SIGKILL\n", cmdName, grace)
-			signalCmd(cmd, sigKILL, group)
+			ch.signal(r.onRelease)
 		case sig := <-r.sigc:
 			if !group && sig == os.Interrupt {
 				continue // the terminal sent it to CMD as well
 			}
-			signalCmd(cmd, sig, group)
+			ch.signal(sig)
 		}
 	}
 
 	code := exitFailure
 	var ee *exec.ExitError
 	if waitErr == nil || errors.As(waitErr, &ee) {
-		code = exitStatus(cmd.ProcessState)
+		code = exitStatus(ch.cmd.ProcessState)
+	}
+	// Before the lock is released: if the supervisor was killed, what CMD
+	// started is killed now.
+	if sig := ch.exited(); sig != nil {
+		msg := fmt.Sprintf("the supervisor of %s (%s %s, pid %d) was killed by %s: %s and every process it started were killed", cmdName, filepath.Base(os.Args[0]), superviseCmd, ch.cmd.Process.Pid, sigName(sig), cmdName)
+		if lostErr == nil {
+			r.release()
+		}
+		return failf(exitFailure, "%s; %s was released", msg, held)
+	}
+	if stoppedEarly {
+		// CMD is gone, and was stopped before the lock could pass on.
+		after := "the lock was released after"
+		switch {
+		case lostErr != nil:
+			after = "the lock was lost after (" + detail(lostErr) + ")"
+		default:
+			if uerr := r.release(); uerr != nil {
+				after = "it goes with the lease (" + detail(uerr) + ")"
+			}
+		}
+		return failf(exitJeopardy, "%s was stopped before %s could pass on, as etcd did not confirm renewals of the lease in time; %s exited with status %d; %s", cmdName, held, cmdName, code, after)
 	}
 	if lostErr != nil {
 		// No Unlock: the key is gone, or goes with the lease, which
@@ -827,6 +952,14 @@ loop:
 		return fmt.Errorf("wait for %s: %w", cmdName, waitErr)
 	}
 	return exitWith(code)
+}
+
+// minTime returns the earlier of a and b.
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // startLocked starts c, and returns the channel that gets c.Wait's
