@@ -331,11 +331,16 @@ func setSubreaper() error {
 // process it kills, so this ends every process below it, whatever process
 // group or session they moved to. It returns once none is left; a process
 // that SIGKILL cannot end at once (in uninterruptible sleep) is waited for.
+// Where /proc cannot tell its children (procOurs), it reaps what has
+// exited and returns.
 func killChildren() {
+	scan := procOurs()
 	self := os.Getpid()
 	for {
-		for _, pid := range childrenOf(self) {
-			syscall.Kill(pid, syscall.SIGKILL)
+		if scan {
+			for _, pid := range childrenOf(self) {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
 		}
 		// Reap what has exited. WNOHANG: a process may become a child
 		// between the scan and the wait (its parent, further down, exited
@@ -347,9 +352,18 @@ func killChildren() {
 			return
 		case err == nil && pid > 0, errors.Is(err, syscall.EINTR):
 			continue
+		case !scan:
+			return
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// procOurs reports whether /proc is of this process's PID namespace. In a
+// container that mounts the host's, its pids would name other processes.
+func procOurs() bool {
+	self, err := os.Readlink("/proc/self")
+	return err == nil && self == strconv.Itoa(os.Getpid())
 }
 
 // childrenOf returns the pids of the processes whose parent is pid, read
