@@ -205,8 +205,8 @@ while :; do sleep 0.1; done
 // (the worst case: it must be killed in time) and logs a line every 50ms
 // by the monotonic clock (/proc/uptime); the second logs its start. The
 // faults, on an etcd member of the test's own:
-//   - the member paused (SIGSTOP) until the first run has exited: the
-//     first etcdlock stops CMD in jeopardy, by itself;
+//   - the member paused (SIGSTOP) until the first run's session has
+//     ended: the first etcdlock stops CMD in jeopardy, by itself, before;
 //   - the first etcdlock paused: its supervisor stops CMD by the
 //     deadline etcdlock last gave it;
 //   - the first etcdlock cut off from etcd (a proxy cut mid-stream).
@@ -245,11 +245,13 @@ while :; do tick run; sleep 0.05; done`
 
 			switch fault {
 			case "paused member":
+				// Resumed as soon as a's session has ended: etcd then
+				// expires a's lease and lets b in at once.
 				pid := c.PIDs()[0]
 				require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
-				code := a.wait(t) // a stops CMD and exits, etcd still paused
+				a.stderr.waitFor(t, "not renewed within its TTL")
 				require.NoError(t, syscall.Kill(pid, syscall.SIGCONT))
-				require.Equal(t, exitJeopardy, code, a.stderr.String())
+				require.Equal(t, exitJeopardy, a.wait(t), a.stderr.String())
 			case "paused etcdlock":
 				require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
 				b.stdout.waitFor(t, "started")
