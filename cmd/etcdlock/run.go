@@ -937,6 +937,13 @@ loop:
 		}
 		return failf(exitJeopardy, "%s was stopped before %s could pass on, as etcd did not confirm renewals of the lease in time; %s exited with status %d; %s", cmdName, held, cmdName, code, after)
 	}
+	if lostErr == nil && !time.Now().Before(killBy().Add(lead)) {
+		// CMD is found gone only after the lease's deadline: etcdlock
+		// was paused or starved (the supervisor kept the deadline). The
+		// lease may have expired, and the lock passed on.
+		r.lost = true
+		lostErr = fmt.Errorf("%w: etcdlock could not renew the lease in time (was it paused?)", etcdlock.ErrSessionExpired)
+	}
 	if lostErr != nil {
 		// No Unlock: the key is gone, or goes with the lease, which
 		// endSession revokes if etcd answers within a second.
