@@ -109,6 +109,7 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`, rounded up to whole seconds (etcd's unit): if etcdlock dies, the next candidate leads at most this long after")
 	durationVar(fset, &grace, "grace", defaultGrace, "wait this `duration` between SIGTERM and SIGKILL to CMD, when leadership is lost or etcd has not confirmed renewals for so long that it could pass on; at most --ttl/2 less a margin (default 10s, or --ttl/3 less the margin if that is less: see Stopping CMD below)")
 	keepChildren := fset.Bool("keep-children", false, "when CMD exits, leave the processes it started running, outside the lock (default: kill them before the release)")
+	pidns := fset.Bool("pid-namespace", false, "Linux: run CMD in a PID namespace of its own, so that all it starts dies even if etcdlock and its supervisor are killed at once (CMD then sees pids of its own; without root it needs user namespaces)")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
 	listen := fset.Bool("listen", false, "do not campaign: print the leader and every change")
 	fset.BoolVar(listen, "l", false, "the same as --listen, as in etcdctl elect -l")
@@ -152,6 +153,9 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	case grace < 0:
 		return usageErr("elect", "--grace must not be negative")
 	}
+	if err := checkPIDNamespace("elect", *pidns, *keepChildren, hasCmd); err != nil {
+		return err
+	}
 	if grace, err = graceFor(fset, "elect", grace, ttl); err != nil {
 		return err
 	}
@@ -168,7 +172,7 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	if *listen {
 		return listenElection(&conn, pos[0], *asJSON, stdout, stderr)
 	}
-	r := &lockRun{conn: &conn, name: pos[0], ttl: ttl, stderr: stderr, elect: &candidacy{value: value}, onRelease: *onRelease, keepChildren: *keepChildren}
+	r := &lockRun{conn: &conn, name: pos[0], ttl: ttl, stderr: stderr, elect: &candidacy{value: value}, onRelease: *onRelease, keepChildren: *keepChildren, pidNamespace: *pidns}
 	return r.main(cmdArgs, false, 0, *quiet, grace, stdout)
 }
 

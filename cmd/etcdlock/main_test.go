@@ -258,7 +258,13 @@ func cleanEnv() []string {
 // test holds.
 func startProc(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	return startCmd(t, env, exec.Command(bin, args...))
+}
+
+// startCmd is startProc for a command that runs etcdlock (through
+// setpriv, say).
+func startCmd(t *testing.T, env []string, cmd *exec.Cmd) *proc {
+	t.Helper()
 	// A dial timeout for a loaded machine (etcd's bcrypt makes logins
 	// slow under -race); tests of timeouts set their own.
 	cmd.Env = append(append(cleanEnv(), "ETCDCTL_DIAL_TIMEOUT=30s"), env...)

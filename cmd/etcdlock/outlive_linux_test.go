@@ -8,6 +8,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -298,4 +299,63 @@ func overlapGap(t *testing.T, path string) time.Duration {
 	a, c := spans[order[0]], spans[order[1]]
 	require.Less(t, a.to, c.from, "the two CMDs ran at once:\n%s", b)
 	return time.Duration((c.from - a.to) * float64(time.Second))
+}
+
+// With --pid-namespace even SIGKILL to etcdlock and its supervisor at
+// once takes all that CMD started along: the supervisor is init of CMD's
+// PID namespace, and the kernel kills the namespace with it. As root, and
+// as an unprivileged user (the namespace then needs a user namespace of
+// its own). CMD's pids are its namespace's, so the scripts read the
+// host's from /proc/self/stat.
+func TestPIDNamespaceTakesAllAlong(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to run etcdlock as root and as nobody")
+	}
+	for _, user := range []string{"root", "nobody"} {
+		t.Run(user, func(t *testing.T) {
+			t.Parallel()
+			name := lockName(t)
+			// Not t.TempDir: its parents are root's alone.
+			dir, err := os.MkdirTemp("", "etcdlock-pidns-")
+			require.NoError(t, err)
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			require.NoError(t, os.Chmod(dir, 0o777))
+			env := []string{"D=" + dir}
+			args := []string{"run", "--quiet", "--ttl", "3", "--pid-namespace", ep(), name, "--", "sh", "-c",
+				`read -r p _ </proc/self/stat; echo $p >"$D/cmd"
+sh -c 'read -r p _ </proc/self/stat; echo $p >"$D/child"; exec sleep 1000' >/dev/null 2>&1 &
+setsid sh -c 'read -r p _ </proc/self/stat; echo $p >"$D/daemon"; exec sleep 1000' >/dev/null 2>&1 &
+while [ ! -s "$D/child" ] || [ ! -s "$D/daemon" ]; do sleep 0.01; done
+echo "ready $$"
+while :; do sleep 0.1; done`}
+			cmd := exec.Command(bin, args...)
+			if user == "nobody" {
+				// The binary, in a directory only root may enter, copied
+				// where nobody can run it.
+				b, err := os.ReadFile(bin)
+				require.NoError(t, err)
+				nb := filepath.Join(dir, "etcdlock")
+				require.NoError(t, os.WriteFile(nb, b, 0o755))
+				cmd = exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", nb}, args...)...)
+			}
+			first := startCmd(t, env, cmd)
+			ready := first.stdout.waitFor(t, "ready")
+			require.NotEqual(t, "ready", ready)
+			pids := readPIDs(t, dir, "cmd", "child", "daemon")
+			require.NotEqual(t, "ready "+strconv.Itoa(pids[0]), ready, "CMD sees the host's pid: no PID namespace")
+			supervisor := parentOf(t, pids[0])
+			w := watchQueue(t, newClient(t), name)
+			next := startProc(t, env, "run", "--quiet", ep(), name, "--", "sh", "-c", checkGoneScript)
+			w.next(t) // the next holder waits
+
+			runPID := first.cmd.Process.Pid
+			if user == "nobody" {
+				runPID = parentOf(t, supervisor) // setpriv execs etcdlock: the same pid
+			}
+			require.NoError(t, syscall.Kill(runPID, syscall.SIGKILL))
+			require.NoError(t, syscall.Kill(supervisor, syscall.SIGKILL))
+			requireGoneAtStart(t, next, pids)
+		})
+	}
 }

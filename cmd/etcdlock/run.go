@@ -122,6 +122,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fset.Var(&try, "try", "do not wait: exit 4 if the lock cannot be taken at once (it is held, or has waiters); --try=`DURATION` (consul's -try=5s) waits at most that long instead, as --timeout does")
 	durationVar(fset, &grace, "grace", defaultGrace, "wait this `duration` between SIGTERM and SIGKILL to CMD, when the lock is lost or etcd has not confirmed renewals for so long that it could pass on; at most --ttl/2 less a margin (default 10s, or --ttl/3 less the margin if that is less: see Stopping CMD below)")
 	keepChildren := fset.Bool("keep-children", false, "when CMD exits, leave the processes it started running, outside the lock (default: kill them before the release)")
+	pidns := fset.Bool("pid-namespace", false, "Linux: run CMD in a PID namespace of its own, so that all it starts dies even if etcdlock and its supervisor are killed at once (CMD then sees pids of its own; without root it needs user namespaces)")
 	quiet := fset.Bool("quiet", false, "show no progress while waiting")
 	shared := fset.Bool("shared", false, "take a read lock (an RWMutex's): hold together with other --shared runs")
 	var permits, capacity int64
@@ -191,10 +192,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if *onRelease != nil && len(cmdArgs) == 0 {
 		return usageErr("run", "--on-release passes a request on to CMD: give CMD")
 	}
+	if err := checkPIDNamespace("run", *pidns, *keepChildren, len(cmdArgs) > 0); err != nil {
+		return err
+	}
 	if *keepChildren && len(cmdArgs) == 0 {
 		return usageErr("run", "--keep-children is about the processes CMD starts: give CMD")
 	}
-	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode, onRelease: *onRelease, lockDelay: lockDelay, minHold: minHold, keepChildren: *keepChildren}
+	r := &lockRun{conn: &conn, name: pos[0], also: also, ttl: ttl, stderr: stderr, mode: mode, onRelease: *onRelease, lockDelay: lockDelay, minHold: minHold, keepChildren: *keepChildren, pidNamespace: *pidns}
 	if try.wait > 0 {
 		timeout = try.wait
 	}
@@ -335,10 +339,14 @@ Processes are reached wherever they moved (a process group or session of
 their own, a double fork): etcdlock and the supervisor are child
 subreapers, so orphans are handed to them, not to init. When CMD exits,
 what it left running is killed before the lock is released, unless
---keep-children (then it runs on outside the lock). The one gap: if
+--keep-children (then it runs on outside the lock). One gap is left: if
 etcdlock and the supervisor are both killed at once (pkill -9 -f
 etcdlock), CMD dies, but processes CMD started are handed to init and run
-on. On other systems CMD runs in a process group of its own, what is left
+on. --pid-namespace closes it: CMD runs in a PID namespace whose init is
+the supervisor, and the kernel kills all of it when the supervisor dies,
+however it dies. CMD then sees pids of its own namespace ($$ is not the
+pid 'ps' shows outside), and without root it needs user namespaces
+(where sudo in CMD cannot work). On other systems CMD runs in a process group of its own, what is left
 of the group is killed when CMD exits, and if etcdlock is killed, CMD runs
 on and may overlap the next holder once the lease expires.`
 
@@ -419,6 +427,9 @@ type lockRun struct {
 	// keepChildren leaves what CMD started running when CMD exits
 	// (--keep-children).
 	keepChildren bool
+	// pidNamespace runs CMD in a PID namespace of the supervisor's
+	// (--pid-namespace, Linux).
+	pidNamespace bool
 	// renewed gets a value after a renewal of s's lease has moved its
 	// Expiry.
 	renewed chan struct{}
@@ -811,7 +822,7 @@ func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer
 		)
 	}
 	group := !interactive()
-	ch, waitc, err := startChild(cmd, group, r.keepChildren, grace)
+	ch, waitc, err := startChild(cmd, group, r.keepChildren, grace, r.pidNamespace)
 	if err != nil {
 		r.release()
 		return cmdErr(cmd.Args[0], err)

@@ -109,6 +109,8 @@ func TestUsageErrors(t *testing.T) {
 		// does not fit in the TTL is refused, with what would (issue 43).
 		{nil, []string{"run", "--grace", "10s", "n", "--", "true"}, "--grace 10s does not fit in --ttl 15s: CMD is stopped when renewals have failed for --ttl less --grace less 750ms (so that it is gone before the lock can pass on), which must leave at least half the TTL; give --grace at most 6.75s, or --ttl at least 23s"},
 		{nil, []string{"run", "--keep-children", "n"}, "--keep-children is about the processes CMD starts: give CMD"},
+		{nil, []string{"run", "--pid-namespace", "n"}, "--pid-namespace is about the processes CMD starts: give CMD"},
+		{nil, []string{"run", "--pid-namespace", "--keep-children", "n", "--", "true"}, "--pid-namespace and --keep-children exclude each other: nothing outlives the namespace"},
 		{nil, []string{"run", "--try", "--timeout", "1s", "n", "--", "true"}, "--try and --timeout exclude each other"},
 		// consul's -try=5s habit written apart would take a lock named
 		// "5s" and run q: refused, with the fixes (issue 31).

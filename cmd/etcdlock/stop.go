@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"math"
+	"runtime"
 	"time"
 )
 
@@ -66,4 +67,20 @@ func given(fset *flag.FlagSet, name string) bool {
 	set := false
 	fset.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// checkPIDNamespace returns a usage error for --pid-namespace where it
+// means nothing or cannot be had.
+func checkPIDNamespace(command string, pidns, keep, hasCmd bool) error {
+	switch {
+	case !pidns:
+		return nil
+	case runtime.GOOS != "linux":
+		return usageErr(command, "--pid-namespace is for Linux only")
+	case !hasCmd:
+		return usageErr(command, "--pid-namespace is about the processes CMD starts: give CMD")
+	case keep:
+		return usageErr(command, "--pid-namespace and --keep-children exclude each other: nothing outlives the namespace")
+	}
+	return nil
 }

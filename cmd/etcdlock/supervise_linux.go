@@ -69,7 +69,7 @@ const (
 // result. Unless keep, the supervisor kills what CMD leaves running when
 // it exits. Its deadline stops CMD (SIGTERM grace before, SIGKILL at it)
 // if etcdlock does not.
-func startChild(c *exec.Cmd, group, keep bool, grace time.Duration) (*child, <-chan error, error) {
+func startChild(c *exec.Cmd, group, keep bool, grace time.Duration, pidns bool) (*child, <-chan error, error) {
 	// Before the supervisor exists: whatever it leaves behind, if it is
 	// killed, comes to etcdlock.
 	if err := setSubreaper(); err != nil {
@@ -98,6 +98,10 @@ func startChild(c *exec.Cmd, group, keep bool, grace time.Duration) (*child, <-c
 		ExtraFiles: []*os.File{r}, // fd 3
 		// No parent-death signal: the control pipe tells the supervisor
 		// of etcdlock's death, whichever of etcdlock's threads forked it.
+		SysProcAttr: &syscall.SysProcAttr{},
+	}
+	if pidns {
+		pidNamespace(sup.SysProcAttr)
 	}
 	waitc, err := startLocked(sup)
 	r.Close()
@@ -114,6 +118,20 @@ func (c *child) send(kind byte, arg int64) error {
 	binary.LittleEndian.PutUint64(m[1:], uint64(arg))
 	_, err := c.ctl.Write(m[:])
 	return err
+}
+
+// pidNamespace makes the supervisor start as init of a PID namespace of
+// its own (--pid-namespace): when it dies, however it dies, the kernel
+// kills every process in the namespace, and the supervisor's exit waits
+// for them. Without root that takes a user namespace too, in which this
+// user and group are mapped to themselves.
+func pidNamespace(a *syscall.SysProcAttr) {
+	a.Cloneflags = syscall.CLONE_NEWPID
+	if os.Geteuid() != 0 {
+		a.Cloneflags |= syscall.CLONE_NEWUSER
+		a.UidMappings = []syscall.SysProcIDMap{{ContainerID: os.Geteuid(), HostID: os.Geteuid(), Size: 1}}
+		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getegid(), HostID: os.Getegid(), Size: 1}}
+	}
 }
 
 // signal passes sig on to CMD (to its process group, if it has one).

@@ -24,7 +24,7 @@ type child struct {
 
 // startChild starts c, in a process group of its own if group, and
 // returns the channel that gets its Wait result.
-func startChild(c *exec.Cmd, group, keep bool, _ time.Duration) (*child, <-chan error, error) {
+func startChild(c *exec.Cmd, group, keep bool, _ time.Duration, _ bool) (*child, <-chan error, error) {
 	if group {
 		ownGroup(c)
 	}
