@@ -200,7 +200,7 @@ func formatLeader(l etcdlock.Leader, asJSON bool, now time.Time) string {
 	if l.Key == "" {
 		return fmt.Sprintf("no leader (revision %d)", l.Revision)
 	}
-	return fmt.Sprintf("leader %q (key %s, token %d, revision %d)", l.Value, l.Key, l.Token, l.Revision)
+	return fmt.Sprintf("leader %q (key %s, token %d, revision %d)", l.Value, safeText(l.Key), l.Token, l.Revision)
 }
 
 // listenElection prints the leader of election name and every change

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/etcdlock/etcdlock"
 )
@@ -85,10 +86,35 @@ func grantPrefixes(name string, delay, requests bool) []string {
 	return pfxs
 }
 
-// shellQuote quotes s for a POSIX shell, unless it needs none.
+// shellQuote quotes s for a POSIX shell, unless it needs none: in single
+// quotes; or, when s holds a character that is not printable (a newline,
+// an escape, a byte of invalid UTF-8), in $'...' (bash, zsh, ksh, and sh
+// as of POSIX.1-2024) with each byte of such a character as \xHH, so that
+// a command line stays one line of text.
 func shellQuote(s string) string {
 	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:@") == "" {
 		return s
 	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	if printable(s) {
+		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	}
+	var b strings.Builder
+	b.WriteString("$'")
+	for s != "" {
+		r, size := utf8.DecodeRuneInString(s)
+		switch {
+		case r == '\\' || r == '\'':
+			b.WriteByte('\\')
+			b.WriteByte(s[0])
+		case printable(s[:size]):
+			b.WriteString(s[:size])
+		default:
+			for i := range size {
+				fmt.Fprintf(&b, `\x%02x`, s[i])
+			}
+		}
+		s = s[size:]
+	}
+	b.WriteByte('\'')
+	return b.String()
 }

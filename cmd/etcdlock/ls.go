@@ -190,7 +190,7 @@ func printLs(w io.Writer, ls *lsJSON, now time.Time) {
 			if lk.WaitsFor != "" {
 				why = "a MultiMutex waits for " + strconv.Quote(lk.WaitsFor)
 			}
-			fmt.Fprintf(tw, "%s\tnobody (%s)\t-\t%d\n", lk.Name, why, lk.Waiters)
+			fmt.Fprintf(tw, "%s\tnobody (%s)\t-\t%d\n", safeText(lk.Name), why, lk.Waiters)
 			continue
 		}
 		h := lk.Holders[0]
@@ -198,7 +198,7 @@ func printLs(w io.Writer, ls *lsJSON, now time.Time) {
 		if n := len(lk.Holders) - 1; n > 0 {
 			holder += fmt.Sprintf(" (+%d more)", n)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", lk.Name, holder, h.heldFor(now), lk.Waiters)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", safeText(lk.Name), holder, h.heldFor(now), lk.Waiters)
 	}
 	tw.Flush()
 }
@@ -212,18 +212,18 @@ func under(prefix string) string {
 	return fmt.Sprintf(" under %q", prefix)
 }
 
-// holderText names a holder: run's record, another identity on one line,
-// an election leader's value, or the key.
+// holderText names a holder: run's record, another identity, an election
+// leader's value (quoted), or the key; each as safeText shows it.
 func (h lsHolderJSON) holderText() string {
 	switch {
 	case h.QueuedAt != nil || h.HeldSince != nil:
 		return runRecord{Host: h.Host, PID: h.PID, Command: h.Command}.who()
 	case h.Identity != "":
-		return strings.Join(strings.Fields(string(h.Identity)), " ")
+		return safeText(string(h.Identity))
 	case h.Value != nil:
 		return "value " + strconv.Quote(*h.Value)
 	}
-	return h.Key
+	return safeText(h.Key)
 }
 
 // identityJSON is a holder's identity in JSON: a JSON object as it is,
@@ -318,7 +318,7 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 			}
 			state += fmt.Sprintf(" for %s, %d waiting", h.heldFor(now), lk.Waiters)
 		}
-		s := fmt.Sprintf("%s  rev %d  %s  %s", now.Format(stampLayout), rev, lk.Name, state)
+		s := fmt.Sprintf("%s  rev %d  %s  %s", now.Format(stampLayout), rev, safeText(lk.Name), state)
 		if len(changes) > 0 {
 			s += "  " + changesText(changes)
 		}
@@ -342,11 +342,7 @@ func watchLs(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, readErr
 			case tty:
 				var b strings.Builder
 				printLs(&b, ls, time.Now())
-				arg := prefix
-				if arg == "" {
-					arg = `""`
-				}
-				frame(stdout, "etcdlock ls "+arg+" --watch", b.String())
+				frame(stdout, "etcdlock ls "+safeText(prefix)+" --watch", b.String())
 				return ls.Revision, nil
 			case c.json:
 				json.NewEncoder(stdout).Encode(lsStateJSON{Time: time.Now(), lsJSON: *ls})

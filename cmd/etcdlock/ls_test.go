@@ -152,7 +152,7 @@ func TestLs(t *testing.T) {
 	}
 	dur := `\d[\d.]*(ms|s|m\d+s)`
 	row(2, "at-once", "etcdlock run backup, pid "+strconv.Itoa(os.Getpid())+" on "+host, dur, 1)
-	row(3, "at-once/sub", "billing worker 7 second line", `\?`, 0)
+	row(3, "at-once/sub", `"billing worker 7\nsecond line"`, `\?`, 0)
 	row(4, "plain", plain.Key(), `\?`, 0)
 	row(5, "run", "etcdlock run sh, pid "+strconv.Itoa(p.cmd.Process.Pid)+" on "+host, dur, 0)
 	row(6, "rw", "", `.*`, 0)

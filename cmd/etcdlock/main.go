@@ -223,12 +223,6 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-// oneLine keeps a message to one line: etcd and gRPC errors can span
-// several.
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(s), " ")
-}
-
 // detail is err's message for the middle of a line of etcdlock's, which
 // says "etcdlock:" at its start: one line, without the library's prefix.
 func detail(err error) string {

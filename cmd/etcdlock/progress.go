@@ -113,14 +113,19 @@ func describeKey(k etcdlock.QueueKey) string {
 	if who := whoOf(k); who != "" {
 		return who
 	}
-	return k.Key
+	return safeText(k.Key)
 }
 
 // whoOf is key k's one-line description of itself: etcdlock run's host,
-// pid and command, or a WithIdentity; "" when it recorded none.
+// pid and command, or a WithIdentity as safeText shows it (quoted unless
+// it is one plain word, so that it cannot pass for run's record); "" when
+// it recorded none.
 func whoOf(k etcdlock.QueueKey) string {
-	if rec, ok := parseRunRecord(k.Identity); ok {
+	switch rec, ok := parseRunRecord(k.Identity); {
+	case ok:
 		return rec.who()
+	case k.Identity == "":
+		return ""
 	}
-	return strings.Join(strings.Fields(k.Identity), " ")
+	return safeText(k.Identity)
 }

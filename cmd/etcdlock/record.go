@@ -43,17 +43,18 @@ func parseRunRecord(identity string) (runRecord, bool) {
 	return rec, true
 }
 
-// who describes the holder of a record: "etcdlock run sh, pid 12 on host".
+// who describes the holder of a record: "etcdlock run sh, pid 12 on host",
+// its command and host as safeText shows them.
 func (rec runRecord) who() string {
 	s := "etcdlock run"
 	if rec.Command != "" {
-		s += " " + rec.Command
+		s += " " + safeText(rec.Command)
 	}
 	if rec.PID != 0 {
 		s += fmt.Sprintf(", pid %d", rec.PID)
 	}
 	if rec.Host != "" {
-		s += " on " + rec.Host
+		s += " on " + safeText(rec.Host)
 	}
 	return s
 }

@@ -761,11 +761,11 @@ func (r *lockRun) holderOf(ctx context.Context, name string) string {
 	s := " by "
 	switch rec, ok := parseRunRecord(h.Identity); {
 	case ok:
-		s += rec.who() + fmt.Sprintf(" (key %s, token %d)", h.Key, h.Token)
+		s += rec.who() + fmt.Sprintf(" (key %s, token %d)", safeText(h.Key), h.Token)
 	case h.Identity != "":
-		s += strconv.Quote(h.Identity) + fmt.Sprintf(" (key %s, token %d)", h.Key, h.Token)
+		s += strconv.Quote(h.Identity) + fmt.Sprintf(" (key %s, token %d)", safeText(h.Key), h.Token)
 	default:
-		s += fmt.Sprintf("%s (token %d)", h.Key, h.Token)
+		s += fmt.Sprintf("%s (token %d)", safeText(h.Key), h.Token)
 	}
 	if n := len(holders) - 1; n > 0 {
 		s += fmt.Sprintf(" and %d more", n)

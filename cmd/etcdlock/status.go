@@ -300,11 +300,11 @@ func printDelays(w io.Writer, st *statusJSON) {
 		}
 		switch {
 		case d.Left != nil:
-			fmt.Fprintf(w, "lock delay: %s ended without a release; the lock stays free %ds more (of %gs)\n", d.Key, *d.Left, d.Delay)
+			fmt.Fprintf(w, "lock delay: %s ended without a release; the lock stays free %ds more (of %gs)\n", safeText(d.Key), *d.Left, d.Delay)
 		case d.Started:
-			fmt.Fprintf(w, "lock delay: %s ended without a release; its %gs delay is running\n", d.Key, d.Delay)
+			fmt.Fprintf(w, "lock delay: %s ended without a release; its %gs delay is running\n", safeText(d.Key), d.Delay)
 		default:
-			fmt.Fprintf(w, "lock delay: %s ended without a release; its %gs delay begins with the next lock\n", d.Key, d.Delay)
+			fmt.Fprintf(w, "lock delay: %s ended without a release; its %gs delay begins with the next lock\n", safeText(d.Key), d.Delay)
 		}
 	}
 }
@@ -317,11 +317,11 @@ func printMinHold(w io.Writer, d delayJSON) {
 	const what = "minimum hold: %s (minimum hold %gs) is gone, released before its minimum hold ended or ended without a release; "
 	switch {
 	case d.Left != nil:
-		fmt.Fprintf(w, what+"nobody takes the lock for %ds more\n", d.Key, d.MinHold, *d.Left)
+		fmt.Fprintf(w, what+"nobody takes the lock for %ds more\n", safeText(d.Key), d.MinHold, *d.Left)
 	case d.Started:
-		fmt.Fprintf(w, what+"nobody takes the lock until its %gs lease ends\n", d.Key, d.MinHold, d.Delay)
+		fmt.Fprintf(w, what+"nobody takes the lock until its %gs lease ends\n", safeText(d.Key), d.MinHold, d.Delay)
 	default:
-		fmt.Fprintf(w, what+"the next lock waits %gs first\n", d.Key, d.MinHold, d.Delay)
+		fmt.Fprintf(w, what+"the next lock waits %gs first\n", safeText(d.Key), d.MinHold, d.Delay)
 	}
 }
 
@@ -358,7 +358,7 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 		if labels != nil {
 			fmt.Fprintf(tw, "%s\t", labels[key])
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d", key, lease, token)
+		fmt.Fprintf(tw, "%s\t%s\t%d", safeText(key), lease, token)
 		if modes {
 			fmt.Fprintf(tw, "\t%s", m)
 		}
@@ -390,7 +390,7 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	printPermits(w, st)
 	for _, h := range st.Holders {
 		if h.ReleaseRequested {
-			fmt.Fprintf(w, "release requested: %s was asked to release (etcdlock release) and has not yet\n", h.Key)
+			fmt.Fprintf(w, "release requested: %s was asked to release (etcdlock release) and has not yet\n", safeText(h.Key))
 		}
 	}
 	if labels != nil || st.Holder == nil {
@@ -399,12 +399,12 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	if len(st.Holders) > 1 {
 		recorded := false
 		for _, h := range st.Holders {
-			fmt.Fprintf(w, "lease of %s: %s\n", h.Key, h.leaseText())
+			fmt.Fprintf(w, "lease of %s: %s\n", safeText(h.Key), h.leaseText())
 			recorded = recorded || h.HeldSince != nil || h.QueuedAt != nil
 		}
 		for _, h := range st.Holders {
 			if h.HeldSince != nil || h.QueuedAt != nil {
-				fmt.Fprintf(w, "%s %s\n", h.Key, h.sinceText(now))
+				fmt.Fprintf(w, "%s %s\n", safeText(h.Key), h.sinceText(now))
 			}
 		}
 		if !recorded {
@@ -469,18 +469,19 @@ func (h *holderJSON) leaseText() string {
 }
 
 // sinceText tells what the holder recorded: since when it holds (or, when
-// it waited, when it joined the queue) and who it is, on two lines.
-// HeldSince or QueuedAt must be set.
+// it waited, when it joined the queue) and who it is, on two lines, its
+// command and host as safeText shows them. HeldSince or QueuedAt must be
+// set.
 func (h *holderJSON) sinceText(now time.Time) string {
 	who := ""
 	if h.Command != "" {
-		who += fmt.Sprintf(" running %s", h.Command)
+		who += " running " + safeText(h.Command)
 	}
 	if h.PID != 0 {
 		who += fmt.Sprintf(" as pid %d", h.PID)
 	}
 	if h.Host != "" {
-		who += " on " + h.Host
+		who += " on " + safeText(h.Host)
 	}
 	const layout = "2006-01-02 15:04:05.000 MST"
 	if h.HeldSince == nil {
@@ -527,7 +528,7 @@ func watchStatus(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, rea
 		case tty:
 			var b strings.Builder
 			printStatus(&b, st, nil, time.Now())
-			frame(stdout, "etcdlock status "+name+" --watch", b.String())
+			frame(stdout, "etcdlock status "+safeText(name)+" --watch", b.String())
 		case c.json:
 			if changes == nil {
 				changes = []keyChange{}
@@ -600,7 +601,7 @@ func statusLine(st *statusJSON) string {
 	if h.Mode != "exclusive" {
 		about += ", " + h.modeJSON.String()
 	}
-	s := fmt.Sprintf("held by %s (%s)", h.Key, about)
+	s := fmt.Sprintf("held by %s (%s)", safeText(h.Key), about)
 	if n := len(st.Holders) - 1; n > 0 {
 		s += fmt.Sprintf(" and %d more", n)
 	}

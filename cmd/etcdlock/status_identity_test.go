@@ -73,7 +73,7 @@ func TestStatusWaiterIdentity(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	host, _ := os.Hostname()
 	require.Contains(t, r.stdout, fmt.Sprintf("\nwaiter 1: etcdlock run true, pid %d on %s\n", p.cmd.Process.Pid, host))
-	require.Contains(t, r.stdout, "\nwaiter 2: billing worker 7\n")
+	require.Contains(t, r.stdout, "\nwaiter 2: \"billing worker 7\"\n")
 	r = runProc(t, nil, "status", "--json", ep(), name)
 	require.Equal(t, 0, r.code, r.stderr)
 	var st statusJSON

@@ -178,7 +178,7 @@ func newKeyChange(ev *clientv3.Event) keyChange {
 func changesText(changes []keyChange) string {
 	s := make([]string, len(changes))
 	for i, c := range changes {
-		s[i] = c.Key + " " + c.Change
+		s[i] = safeText(c.Key) + " " + c.Change
 	}
 	return "(" + strings.Join(s, ", ") + ")"
 }

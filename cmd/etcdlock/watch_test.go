@@ -133,7 +133,7 @@ func TestLsWatch(t *testing.T) {
 	a := identityMutex(t, cli, pfx+"a", "billing worker 7")
 	require.NoError(t, a.Lock(ctx))
 	ak := regexp.QuoteMeta(a.Key())
-	require.Regexp(t, `  rev `+strconv.FormatInt(a.Token(), 10)+`  `+regexp.QuoteMeta(pfx)+`a  held by billing worker 7 for \?, 0 waiting  \(`+ak+` joined\)$`, p.stdout.waitLine(t, 1))
+	require.Regexp(t, `  rev `+strconv.FormatInt(a.Token(), 10)+`  `+regexp.QuoteMeta(pfx)+`a  held by "billing worker 7" for \?, 0 waiting  \(`+ak+` joined\)$`, p.stdout.waitLine(t, 1))
 	sub, _ := holdLock(t, cli, pfx+"a/sub")
 	require.Regexp(t, `  `+regexp.QuoteMeta(pfx)+`a/sub  held by `+regexp.QuoteMeta(sub.Key())+` for \?, 0 waiting  \(`+regexp.QuoteMeta(sub.Key())+` joined\)$`, p.stdout.waitLine(t, 2))
 	require.NoError(t, a.Unlock(ctx))
