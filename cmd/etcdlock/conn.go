@@ -507,8 +507,11 @@ func parseReadCmd(command, argName, help string, args []string, stdout, stderr i
 		return nil, usageErr(command, "missing %s (\"\" lists every lock)", argName)
 	case len(pos) == 0:
 		return nil, usageErr(command, "missing %s", argName)
-	case pos[0] == "" && command != "ls":
-		return nil, usageErr(command, "empty %s", argName)
+	}
+	if command != "ls" {
+		if err := nameErr(command, argName, pos[0]); err != nil {
+			return nil, err
+		}
 	}
 	if len(rest) > 0 {
 		return nil, usageErr(command, "unexpected argument %q after %s", rest[0], argName[strings.LastIndexByte(argName, ' ')+1:])

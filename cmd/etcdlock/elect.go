@@ -132,10 +132,11 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case len(pos) == 0:
 		return usageErr("elect", "missing election NAME")
-	case pos[0] == "":
-		return usageErr("elect", "empty election NAME")
-	case reservedName(pos[0]):
-		return usageErr("elect", "election NAME %q: %s", pos[0], reservedWhy)
+	}
+	if err := nameErr("elect", "election NAME", pos[0]); err != nil {
+		return err
+	}
+	switch {
 	case len(extra) > 0:
 		return usageErr("elect", "unexpected argument %q: CMD comes after \"--\"", extra[0])
 	case hasCmd && len(cmdArgs) == 0:

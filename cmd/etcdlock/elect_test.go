@@ -297,15 +297,6 @@ func TestElectListenJSONInterop(t *testing.T) {
 	require.Equal(t, 0, p.wait(t), p.stderr.String())
 }
 
-// A failed observation is said on one line, and the exit is not 0.
-func TestElectListenFails(t *testing.T) {
-	t.Parallel()
-	r := runProc(t, nil, "elect", "--listen", ep(), strings.Repeat("n", etcdlock.MaxNameLen+1))
-	require.Equal(t, exitFailure, r.code)
-	requireOneLineError(t, r, "etcdlock: observe election")
-	require.Contains(t, r.stderr, "invalid lock name")
-}
-
 func TestElectUsage(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

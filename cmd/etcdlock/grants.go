@@ -55,11 +55,11 @@ func cmdGrants(args []string, stdout, _ io.Writer) error {
 		return usageErr("grants", "empty --role")
 	}
 	for _, n := range names {
-		switch {
-		case n == "" || n == "--":
-			return usageErr("grants", "empty lock NAME")
-		case reservedName(n):
-			return usageErr("grants", "lock NAME %q: %s", n, reservedWhy)
+		if n == "--" {
+			n = ""
+		}
+		if err := nameErr("grants", "lock NAME", n); err != nil {
+			return err
 		}
 	}
 	perm := "readwrite"

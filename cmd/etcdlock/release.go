@@ -40,11 +40,11 @@ func cmdRelease(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case len(pos) == 0:
 		return usageErr("release", "missing lock NAME")
-	case pos[0] == "":
-		return usageErr("release", "empty lock NAME")
-	case reservedName(pos[0]):
-		return usageErr("release", "lock NAME %q: %s", pos[0], reservedWhy)
-	case len(rest) > 0:
+	}
+	if err := nameErr("release", "lock NAME", pos[0]); err != nil {
+		return err
+	}
+	if len(rest) > 0 {
 		return usageErr("release", "unexpected argument %q after NAME", rest[0])
 	}
 	if err := setupConn(fs, &conn, "release"); err != nil {

@@ -150,10 +150,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	case dashed:
 		// 'run -- true': the "--" starts CMD, NAME is missing.
 		return usageErr("run", "missing lock NAME before \"--\"")
-	case pos[0] == "":
-		return usageErr("run", "empty lock NAME")
-	case reservedName(pos[0]):
-		return usageErr("run", "lock NAME %q: %s", pos[0], reservedWhy)
+	}
+	if err := nameErr("run", "lock NAME", pos[0]); err != nil {
+		return err
+	}
+	switch {
 	case ttl < etcdlock.MinTTL:
 		return usageErr("run", "--ttl must be at least %v, not %v", etcdlock.MinTTL, ttl)
 	case timeout < 0:
@@ -263,17 +264,18 @@ func checkAlso(name string, also []string, mode etcdlock.KeyMode) error {
 	case len(also)+1 > etcdlock.MaxMultiNames:
 		return usageErr("run", "%d names, more than %d (one etcd Txn carries every key)", len(also)+1, etcdlock.MaxMultiNames)
 	}
-	seen := map[string]bool{name: true}
+	seen, total := map[string]bool{name: true}, len(name)
 	for _, n := range also {
-		switch {
-		case n == "":
-			return usageErr("run", "empty --also NAME")
-		case reservedName(n):
-			return usageErr("run", "--also NAME %q: %s", n, reservedWhy)
-		case seen[n]:
+		if err := nameErr("run", "--also NAME", n); err != nil {
+			return err
+		}
+		if seen[n] {
 			return usageErr("run", "lock NAME %q given twice", n)
 		}
-		seen[n] = true
+		seen[n], total = true, total+len(n)
+	}
+	if total > etcdlock.MaxNameLen {
+		return usageErr("run", "the names are %d bytes in all, longer than %d (one etcd Txn carries every key)", total, etcdlock.MaxNameLen)
 	}
 	return nil
 }
@@ -1091,14 +1093,21 @@ func detachedTry(args []string) string {
 	return ""
 }
 
-// reservedName reports a name the library refuses (etcdlock.ErrInvalidName)
-// because its queue would lie in the library's own range, "__etcdlock/".
-// Every other name is taken as etcd's Mutex and `etcdctl lock` take it:
-// "/my-lock/" queues under "/my-lock//", with them. Checked before
-// connecting, as usage: exit 2.
-func reservedName(name string) bool {
-	return strings.HasPrefix(name+"/", "__etcdlock/")
+// nameErr returns a usage error of command for a name the library refuses
+// (etcdlock.CheckName), what naming it ("lock NAME"), and nil for any
+// other: those are taken as etcd's Mutex and `etcdctl lock` take them,
+// "/my-lock/" queues under "/my-lock//", with them. The library refuses an
+// empty name, one longer than etcdlock.MaxNameLen (the message gives its
+// length, not the name), and one whose queue would lie in its own range,
+// "__etcdlock/". Checked before connecting, as usage: exit 2.
+func nameErr(command, what, name string) error {
+	switch {
+	case name == "":
+		return usageErr(command, "empty %s", what)
+	case len(name) > etcdlock.MaxNameLen:
+		return usageErr(command, "%s is %d bytes, longer than %d", what, len(name), etcdlock.MaxNameLen)
+	case strings.HasPrefix(name+"/", "__etcdlock/"):
+		return usageErr(command, `%s %q: "__etcdlock" and the names under "__etcdlock/" are the library's own`, what, name)
+	}
+	return nil
 }
-
-// reservedWhy says why reservedName refuses a name.
-const reservedWhy = `"__etcdlock" and the names under "__etcdlock/" are the library's own`

@@ -140,6 +140,39 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// A name longer than the library takes is bad usage, said on one short
+// line with one "etcdlock:" (issue 43: exit 1, the whole name, and the
+// library's message with a prefix of its own).
+func TestNameTooLong(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("a", etcdlock.MaxNameLen+1)
+	half := strings.Repeat("b", etcdlock.MaxNameLen/2+1)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", ep(), long, "--", "true"}, "lock NAME is 32769 bytes, longer than 32768"},
+		{[]string{"run", ep(), "n", "--also", long, "--", "true"}, "--also NAME is 32769 bytes, longer than 32768"},
+		{[]string{"run", ep(), half, "--also", half + "c", "--", "true"}, "the names are 32771 bytes in all, longer than 32768"},
+		{[]string{"elect", ep(), long, "--", "true"}, "election NAME is 32769 bytes"},
+		{[]string{"elect", "--listen", ep(), long}, "election NAME is 32769 bytes"},
+		{[]string{"status", ep(), long}, "lock NAME is 32769 bytes"},
+		{[]string{"release", ep(), long}, "lock NAME is 32769 bytes"},
+		{[]string{"grants", long}, "lock NAME is 32769 bytes"},
+	} {
+		r := runProc(t, nil, tc.args...)
+		require.Equal(t, exitUsage, r.code, "%s", r.stderr[:min(len(r.stderr), 200)])
+		require.Less(t, len(r.stderr), 200, "the name is not repeated")
+		requireOneLineError(t, r, tc.want)
+		require.Equal(t, 1, strings.Count(r.stderr, "etcdlock:"), r.stderr)
+	}
+	// status of the library's own range is bad usage too, said once.
+	r := runProc(t, nil, "status", ep(), "__etcdlock")
+	require.Equal(t, exitUsage, r.code, r.stderr)
+	requireOneLineError(t, r, `lock NAME "__etcdlock": "__etcdlock" and the names under "__etcdlock/" are the library's own`)
+	require.Equal(t, 1, strings.Count(r.stderr, "etcdlock:"), r.stderr)
+}
+
 // CMD is looked up before etcdlock connects or queues: a typo must not
 // wait its turn, nor need etcd.
 func TestCmdNotFound(t *testing.T) {
