@@ -466,6 +466,21 @@ func TestBareSeconds(t *testing.T) {
 	require.NoError(t, h.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, h.wait(t), h.stderr.String())
 
+	// Below a second, as the help says: rounded up to etcd's first
+	// second (issue 43: refused), for run and elect alike.
+	for _, cmd := range []string{"run", "elect"} {
+		n := name + "-" + cmd
+		h := startProc(t, nil, cmd, "--ttl", "0.1", ep(), n)
+		key := h.stdout.waitFor(t, n+"/")
+		lease, err := strconv.ParseInt(strings.TrimPrefix(key, n+"/"), 16, 64)
+		require.NoError(t, err)
+		ttl, err := cli.TimeToLive(t.Context(), clientv3.LeaseID(lease))
+		require.NoError(t, err)
+		require.EqualValues(t, 1, ttl.GrantedTTL, cmd)
+		require.NoError(t, h.cmd.Process.Signal(syscall.SIGTERM))
+		require.Equal(t, 0, h.wait(t), h.stderr.String())
+	}
+
 	r = runProc(t, []string{"ETCDCTL_DIAL_TIMEOUT=30"}, "run", "--timeout", "1", ep(), name, "--", "true")
 	require.Equal(t, exitTimeout, r.code, r.stderr)
 	require.Contains(t, r.stderr, "etcdlock: timed out after 1s waiting for lock")

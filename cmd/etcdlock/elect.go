@@ -106,7 +106,7 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	var conn connFlags
 	conn.register(fset)
 	var ttl, grace time.Duration
-	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`, rounded up to whole seconds (etcd's unit): if etcdlock dies, the next candidate leads at most this long after")
+	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`, rounded up to whole seconds (etcd's unit: 0.1 is 1s): if etcdlock dies, the next candidate leads at most this long after")
 	durationVar(fset, &grace, "grace", defaultGrace, "wait this `duration` between SIGTERM and SIGKILL to CMD, when leadership is lost or etcd has not confirmed renewals for so long that it could pass on; at most --ttl/2 less a margin (default 10s, or --ttl/3 less the margin if that is less: see Stopping CMD below)")
 	keepChildren := fset.Bool("keep-children", false, "when CMD exits, leave the processes it started running, outside the lock (default: kill them before the release)")
 	pidns := fset.Bool("pid-namespace", false, "Linux: run CMD in a PID namespace of its own, so that all it starts dies even if etcdlock and its supervisor are killed at once (CMD then sees pids of its own; without root it needs user namespaces)")
@@ -149,8 +149,8 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 		return usageErr("elect", "--on-release passes a request on to CMD: give CMD")
 	case *keepChildren && !hasCmd:
 		return usageErr("elect", "--keep-children is about the processes CMD starts: give CMD")
-	case ttl < etcdlock.MinTTL:
-		return usageErr("elect", "--ttl must be at least %v, not %v", etcdlock.MinTTL, ttl)
+	case ttl <= 0:
+		return usageErr("elect", "--ttl must be positive, not %v", ttl)
 	case grace < 0:
 		return usageErr("elect", "--grace must not be negative")
 	}

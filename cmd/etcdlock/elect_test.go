@@ -310,7 +310,7 @@ func TestElectUsage(t *testing.T) {
 		{[]string{"elect", "--json", "n", "--", "true"}, "--json goes with --listen"},
 		{[]string{"elect", "--listen", "n", "v"}, "--listen takes NAME only"},
 		{[]string{"elect", "--listen", "n", "--", "true"}, "--listen takes NAME only"},
-		{[]string{"elect", "--ttl", "500ms", "n", "--", "true"}, "--ttl must be at least 1s"},
+		{[]string{"elect", "--ttl", "0", "n", "--", "true"}, "--ttl must be positive, not 0s"},
 		{[]string{"elect", "--ttl", "4", "--grace", "2s", "n", "--", "true"}, "--grace 2s does not fit in --ttl 4s"},
 		{[]string{"elect", "--keep-children", "n", "v"}, "--keep-children is about the processes CMD starts: give CMD"},
 		{[]string{"elect", "n", "etcdlock/1 x", "--", "true"}, `VALUE must not start with "etcdlock/1 "`},

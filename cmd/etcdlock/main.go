@@ -64,7 +64,8 @@
 // ETCDCTL_* environment variable when the flag is not given. A --user
 // without a password is asked for it when standard input is a terminal.
 // Durations may be bare seconds, as etcdctl's --ttl: --ttl 10, --ttl 1.5
-// (a lease TTL rounds up to whole seconds, as etcd counts them).
+// (a lease TTL rounds up to whole seconds, as etcd counts them: --ttl 0.1
+// is 1s).
 //
 // Exit codes:
 //

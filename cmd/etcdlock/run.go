@@ -116,7 +116,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	var conn connFlags
 	conn.register(fset)
 	var ttl, timeout, grace time.Duration
-	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`, rounded up to whole seconds (etcd's unit): if etcdlock dies, the lock passes on at most this long after")
+	durationVar(fset, &ttl, "ttl", etcdlock.DefaultTTL, "lease `TTL`, rounded up to whole seconds (etcd's unit: 0.1 is 1s): if etcdlock dies, the lock passes on at most this long after")
 	durationVar(fset, &timeout, "timeout", 0, "give up waiting after this `duration`, counted from the first join, and exit 5 (0: wait for ever)")
 	var try tryFlag
 	fset.Var(&try, "try", "do not wait: exit 4 if the lock cannot be taken at once (it is held, or has waiters); --try=`DURATION` (consul's -try=5s) waits at most that long instead, as --timeout does")
@@ -155,8 +155,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	switch {
-	case ttl < etcdlock.MinTTL:
-		return usageErr("run", "--ttl must be at least %v, not %v", etcdlock.MinTTL, ttl)
+	case ttl <= 0:
+		return usageErr("run", "--ttl must be positive, not %v", ttl)
 	case timeout < 0:
 		return usageErr("run", "--timeout must not be negative")
 	case grace < 0:
@@ -544,9 +544,11 @@ func (r *lockRun) held() string {
 func (r *lockRun) startSession(ctx context.Context) error {
 	gctx, cancel := context.WithTimeout(ctx, r.conn.commandTimeout)
 	defer cancel()
+	// --ttl rounds up to whole seconds, as etcd counts them: a TTL below
+	// the first second is that second, which WithTTL alone would refuse.
 	r.renewed = make(chan struct{}, 1)
 	renewed := r.renewed // this session's
-	s, err := etcdlock.NewSession(gctx, r.cli, etcdlock.WithTTL(r.ttl), etcdlock.WithHooks(etcdlock.Hooks{
+	s, err := etcdlock.NewSession(gctx, r.cli, etcdlock.WithTTL(max(r.ttl, etcdlock.MinTTL)), etcdlock.WithHooks(etcdlock.Hooks{
 		RenewDone: func(i etcdlock.RenewDoneInfo) {
 			if i.Err == nil {
 				select {

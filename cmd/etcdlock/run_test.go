@@ -103,7 +103,8 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"run", "__etcdlock", "--", "true"}, `lock NAME "__etcdlock": "__etcdlock" and the names under "__etcdlock/" are the library's own`},
 		{nil, []string{"run", "__etcdlock/x", "--", "true"}, `lock NAME "__etcdlock/x": "__etcdlock" and the names`},
 		{nil, []string{"elect", "__etcdlock", "v", "--", "true"}, `election NAME "__etcdlock": "__etcdlock" and the names`},
-		{nil, []string{"run", "--ttl", "500ms", "n", "--", "true"}, "--ttl must be at least 1s"},
+		{nil, []string{"run", "--ttl", "0", "n", "--", "true"}, "--ttl must be positive, not 0s"},
+		{nil, []string{"run", "--ttl", "-1.5", "n", "--", "true"}, "--ttl must be positive, not -1.5s"},
 		{nil, []string{"run", "--ttl", "soon", "n", "--", "true"}, `invalid value "soon" for flag -ttl`},
 		// CMD must be stopped before the lease can expire: a grace that
 		// does not fit in the TTL is refused, with what would (issue 43).
