@@ -179,13 +179,14 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 
 // leaderJSON is one line of elect --listen --json.
 type leaderJSON struct {
-	Time     time.Time `json:"time"`     // when etcdlock saw it
-	Revision int64     `json:"revision"` // the etcd revision the line is true at
-	Leader   bool      `json:"leader"`   // false: no leader, and no other field
-	Key      string    `json:"key,omitempty"`
-	Lease    string    `json:"lease,omitempty"` // hex, as in the key
-	Token    int64     `json:"token,omitempty"` // create revision of the key
-	Value    string    `json:"value,omitempty"`
+	Time      time.Time `json:"time"`     // when etcdlock saw it
+	Revision  int64     `json:"revision"` // the etcd revision the line is true at
+	Leader    bool      `json:"leader"`   // false: no leader, and no other field
+	Key       string    `json:"key,omitempty"`
+	KeyBase64 string    `json:"key_base64,omitempty"` // when Key is not UTF-8 (base64IfInvalid)
+	Lease     string    `json:"lease,omitempty"`      // hex, as in the key
+	Token     int64     `json:"token,omitempty"`      // create revision of the key
+	Value     string    `json:"value,omitempty"`
 }
 
 // formatLeader is the line elect --listen prints for l, seen at now.
@@ -193,7 +194,7 @@ func formatLeader(l etcdlock.Leader, asJSON bool, now time.Time) string {
 	if asJSON {
 		j := leaderJSON{Time: now, Revision: l.Revision}
 		if l.Key != "" {
-			j.Leader, j.Key, j.Lease, j.Token, j.Value = true, l.Key, fmt.Sprintf("%x", int64(l.Lease)), l.Token, string(l.Value)
+			j.Leader, j.Key, j.KeyBase64, j.Lease, j.Token, j.Value = true, l.Key, base64IfInvalid(l.Key), fmt.Sprintf("%x", int64(l.Lease)), l.Token, string(l.Value)
 		}
 		b, _ := json.Marshal(j) // cannot fail: strings and numbers
 		return string(b)

@@ -70,20 +70,27 @@ type lsJSON struct {
 	Locks    []lsLockJSON `json:"locks"`    // by name; [] when none
 }
 
+// lsLockJSON is a lock of ls --json. Each ...Base64 field, here and in
+// the JSON of status and of the watches, holds the exact bytes of the
+// name or key beside it (base64IfInvalid): present only when they are
+// not valid UTF-8, which JSON cannot carry.
 type lsLockJSON struct {
-	Name    string         `json:"name"`
-	Holders []lsHolderJSON `json:"holders"` // oldest first
-	Waiters int            `json:"waiters"`
+	Name       string         `json:"name"`
+	NameBase64 string         `json:"name_base64,omitempty"`
+	Holders    []lsHolderJSON `json:"holders"` // oldest first
+	Waiters    int            `json:"waiters"`
 	// WaitsFor is set when nobody holds because the first in line is a
 	// MultiMutex (etcdlock run --also) that still waits for that name.
-	WaitsFor string `json:"waits_for,omitempty"`
+	WaitsFor       string `json:"waits_for,omitempty"`
+	WaitsForBase64 string `json:"waits_for_base64,omitempty"`
 }
 
 type lsHolderJSON struct {
-	Key   string `json:"key"`
-	Lease string `json:"lease"` // hex, as in the key
-	Token int64  `json:"token"` // create revision of the key
-	Mode  string `json:"mode"`  // "exclusive", "shared", or a Semaphore's "2 of 5"
+	Key       string `json:"key"`
+	KeyBase64 string `json:"key_base64,omitempty"`
+	Lease     string `json:"lease"` // hex, as in the key
+	Token     int64  `json:"token"` // create revision of the key
+	Mode      string `json:"mode"`  // "exclusive", "shared", or a Semaphore's "2 of 5"
 	// What the holder recorded with etcdlock.WithIdentity, as a JSON
 	// object when it is one (etcdlock run's record is), else a string;
 	// absent if nothing.
@@ -155,9 +162,9 @@ func readLs(ctx context.Context, cli *clientv3.Client, prefix string, record rec
 // newLsLock tells lock name, with what its holders recorded about
 // themselves as record reads it.
 func newLsLock(ctx context.Context, cli *clientv3.Client, name string, holders []etcdlock.QueueKey, waiters int, waitsFor string, record recordReader) lsLockJSON {
-	j := lsLockJSON{Name: name, Holders: []lsHolderJSON{}, Waiters: waiters, WaitsFor: waitsFor}
+	j := lsLockJSON{Name: name, NameBase64: base64IfInvalid(name), Holders: []lsHolderJSON{}, Waiters: waiters, WaitsFor: waitsFor, WaitsForBase64: base64IfInvalid(waitsFor)}
 	for _, h := range holders {
-		hj := lsHolderJSON{Key: h.Key, Lease: fmt.Sprintf("%x", int64(h.Lease)), Token: h.Token, Mode: h.Mode.String(), Identity: identityJSON(h.Identity)}
+		hj := lsHolderJSON{Key: h.Key, KeyBase64: base64IfInvalid(h.Key), Lease: fmt.Sprintf("%x", int64(h.Lease)), Token: h.Token, Mode: h.Mode.String(), Identity: identityJSON(h.Identity)}
 		if rec, ok := record(ctx, cli, name, h); ok {
 			hj.Host, hj.PID, hj.Command, hj.QueuedAt, hj.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
 		} else if len(h.Value) > 0 && h.Identity == "" && h.Mode.Exclusive() && !h.InSet {

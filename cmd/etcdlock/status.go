@@ -93,11 +93,12 @@ type holderRecord struct {
 
 // statusJSON is the output of status --json.
 type statusJSON struct {
-	Name     string        `json:"name"`
-	Revision int64         `json:"revision"` // etcd revision of the read
-	Holder   *holderJSON   `json:"holder"`   // the oldest holder; null when the lock is free
-	Holders  []*holderJSON `json:"holders"`  // every holder, queue order (Holders[0] is Holder); [] when free
-	Waiters  []waiterJSON  `json:"waiters"`  // queue order; [] when none
+	Name       string        `json:"name"`
+	NameBase64 string        `json:"name_base64,omitempty"` // when Name is not UTF-8 (base64IfInvalid)
+	Revision   int64         `json:"revision"`              // etcd revision of the read
+	Holder     *holderJSON   `json:"holder"`                // the oldest holder; null when the lock is free
+	Holders    []*holderJSON `json:"holders"`               // every holder, queue order (Holders[0] is Holder); [] when free
+	Waiters    []waiterJSON  `json:"waiters"`               // queue order; [] when none
 	// Delays are the lock delays pending (etcdlock run --lock-delay):
 	// holds that ended without a release, which keep the lock free for a
 	// while. Absent when none.
@@ -105,10 +106,11 @@ type statusJSON struct {
 }
 
 type delayJSON struct {
-	Key     string  `json:"key"`   // the key of the hold that ended
-	Token   int64   `json:"token"` // its token
-	Delay   float64 `json:"delay_seconds"`
-	Started bool    `json:"started"` // a waiter has begun it; else the next lock begins it
+	Key       string  `json:"key"` // the key of the hold that ended
+	KeyBase64 string  `json:"key_base64,omitempty"`
+	Token     int64   `json:"token"` // its token
+	Delay     float64 `json:"delay_seconds"`
+	Started   bool    `json:"started"` // a waiter has begun it; else the next lock begins it
 	// MinHold is the ended hold's minimum hold in seconds, when it had
 	// one: a started record may then be the rest of a minimum hold that
 	// the holder left to etcd as it exited.
@@ -143,9 +145,10 @@ func (m modeJSON) String() string {
 }
 
 type holderJSON struct {
-	Key   string `json:"key"`
-	Lease string `json:"lease"` // hex, as in the key
-	Token int64  `json:"token"` // create revision of the key
+	Key       string `json:"key"`
+	KeyBase64 string `json:"key_base64,omitempty"`
+	Lease     string `json:"lease"` // hex, as in the key
+	Token     int64  `json:"token"` // create revision of the key
 	modeJSON
 	// The lease's granted TTL and what is left of it, in seconds; absent
 	// if the lease could not be read.
@@ -176,14 +179,16 @@ type holderJSON struct {
 }
 
 type waiterJSON struct {
-	Position int    `json:"position"` // 1 is next in line
-	Key      string `json:"key"`
-	Lease    string `json:"lease"`
-	Token    int64  `json:"token"` // create revision: the token if it gets the lock
+	Position  int    `json:"position"` // 1 is next in line
+	Key       string `json:"key"`
+	KeyBase64 string `json:"key_base64,omitempty"`
+	Lease     string `json:"lease"`
+	Token     int64  `json:"token"` // create revision: the token if it gets the lock
 	modeJSON
 	// WaitsFor is, for a MultiMutex's key first in line (etcdlock run
 	// --also), the other name its set still waits for.
-	WaitsFor string `json:"waits_for,omitempty"`
+	WaitsFor       string `json:"waits_for,omitempty"`
+	WaitsForBase64 string `json:"waits_for_base64,omitempty"`
 	// Who the waiter is, as it recorded itself: etcdlock run's host,
 	// pid and command, or a library lock's WithIdentity; absent if
 	// nothing was recorded.
@@ -247,9 +252,9 @@ func readStatus(ctx context.Context, cli *clientv3.Client, name string) (*status
 // themselves as record reads it.
 func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue, record recordReader) *statusJSON {
 	name := q.Name
-	st := &statusJSON{Name: name, Revision: q.Revision, Holders: []*holderJSON{}, Waiters: []waiterJSON{}}
+	st := &statusJSON{Name: name, NameBase64: base64IfInvalid(name), Revision: q.Revision, Holders: []*holderJSON{}, Waiters: []waiterJSON{}}
 	for i, k := range q.Waiters() {
-		w := waiterJSON{Position: i + 1, Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), WaitsFor: k.WaitsFor, who: whoOf(k)}
+		w := waiterJSON{Position: i + 1, Key: k.Key, KeyBase64: base64IfInvalid(k.Key), Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), WaitsFor: k.WaitsFor, WaitsForBase64: base64IfInvalid(k.WaitsFor), who: whoOf(k)}
 		if rec, ok := parseRunRecord(k.Identity); ok {
 			w.Host, w.PID, w.Command = rec.Host, rec.PID, rec.Command
 		} else {
@@ -258,7 +263,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 		st.Waiters = append(st.Waiters, w)
 	}
 	for _, k := range q.Holders() {
-		h := &holderJSON{Key: k.Key, Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), ReleaseRequested: k.ReleaseRequested, MinHold: k.MinHold.Seconds()}
+		h := &holderJSON{Key: k.Key, KeyBase64: base64IfInvalid(k.Key), Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), ReleaseRequested: k.ReleaseRequested, MinHold: k.MinHold.Seconds()}
 		switch {
 		case k.Lease == clientv3.NoLease:
 			h.leaseNote = "none: the key was not put by a lock client"
@@ -281,7 +286,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 		st.Holder = st.Holders[0]
 	}
 	for _, d := range q.Delays {
-		dj := delayJSON{Key: d.Key, Token: d.Token, Delay: d.Delay.Seconds(), Started: d.Started, MinHold: d.MinHold.Seconds()}
+		dj := delayJSON{Key: d.Key, KeyBase64: base64IfInvalid(d.Key), Token: d.Token, Delay: d.Delay.Seconds(), Started: d.Started, MinHold: d.MinHold.Seconds()}
 		if d.Left > 0 {
 			left := int64(d.Left / time.Second)
 			dj.Left = &left

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -34,6 +35,17 @@ func printable(s string) bool {
 		}
 	}
 	return true
+}
+
+// base64IfInvalid is s in standard base64 when s is not valid UTF-8, and
+// "" when it is. JSON carries UTF-8 only (encoding/json writes U+FFFD for
+// each bad byte): a name's or a key's exact bytes go beside it in base64,
+// as etcdctl's JSON gives every key, so that a script can address the lock.
+func base64IfInvalid(s string) string {
+	if utf8.ValidString(s) {
+		return ""
+	}
+	return base64.StdEncoding.EncodeToString([]byte(s))
 }
 
 // lineBreaks matches a line break or a tab with the white space around it.

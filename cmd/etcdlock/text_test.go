@@ -3,6 +3,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"os/exec"
 	"regexp"
@@ -149,4 +150,57 @@ func TestSafeText(t *testing.T) {
 		require.Equal(t, s, back)
 		requireSafeText(t, q, q)
 	}
+}
+
+// A name or key that is not valid UTF-8 reads back from the JSON of ls,
+// status, status --watch and elect --listen: its bytes are in base64
+// beside it (issue 43: JSON had U+FFFD for them, and a script could not
+// address the lock). A plain name has no such field.
+func TestJSONInvalidUTF8(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	pfx := lockName(t) + "/"
+	name, plain, election := pfx+"bin\xff", pfx+"plain", pfx+"vote\xfe"
+	m, _ := holdLock(t, cli, name)
+	holdLock(t, cli, plain)
+	require.NoError(t, etcdlock.NewElection(newSession(t, cli), election).Campaign(t.Context(), "v"))
+	unbase64 := func(s string) string {
+		t.Helper()
+		b, err := base64.StdEncoding.DecodeString(s)
+		require.NoError(t, err)
+		return string(b)
+	}
+
+	r := runProc(t, nil, "ls", "--json", ep(), pfx)
+	require.Equal(t, 0, r.code, r.stderr)
+	var ls lsJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ls))
+	require.Len(t, ls.Locks, 3)
+	bin := ls.Locks[0]
+	require.Equal(t, name, unbase64(bin.NameBase64))
+	require.Equal(t, m.Key(), unbase64(bin.Holders[0].KeyBase64))
+	require.Empty(t, ls.Locks[1].NameBase64)
+	require.Equal(t, 2, strings.Count(r.stdout, `"name_base64"`), "the name and the election's, not the plain one's")
+
+	r = runProc(t, nil, "status", "--json", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Equal(t, name, unbase64(st.NameBase64))
+	require.Equal(t, m.Key(), unbase64(st.Holder.KeyBase64))
+
+	w := startProc(t, nil, "status", "--watch", "--json", ep(), name)
+	w.stdout.waitLine(t, 0)
+	waiter := startWaiter(t, cli, name)
+	var change statusWatchJSON
+	require.NoError(t, json.Unmarshal([]byte(w.stdout.waitLine(t, 1)), &change))
+	stopWatch(t, w)
+	require.Equal(t, waiter.m.Key(), unbase64(change.Changes[0].KeyBase64))
+	require.Equal(t, waiter.m.Key(), unbase64(change.Waiters[0].KeyBase64))
+
+	l := startProc(t, nil, "elect", "--listen", "--json", ep(), election)
+	var leader leaderJSON
+	require.NoError(t, json.Unmarshal([]byte(l.stdout.waitLine(t, 0)), &leader))
+	stopWatch(t, l)
+	require.True(t, strings.HasPrefix(unbase64(leader.KeyBase64), election+"/"), leader.KeyBase64)
 }

@@ -159,12 +159,13 @@ func (f *follower) batches(evs []*clientv3.Event) [][]*clientv3.Event {
 // with its lease; etcd does not tell which), or got a "new value" (an
 // election leader's Proclaim).
 type keyChange struct {
-	Key    string `json:"key"`
-	Change string `json:"change"`
+	Key       string `json:"key"`
+	KeyBase64 string `json:"key_base64,omitempty"` // when Key is not UTF-8 (base64IfInvalid)
+	Change    string `json:"change"`
 }
 
 func newKeyChange(ev *clientv3.Event) keyChange {
-	c := keyChange{Key: string(ev.Kv.Key), Change: "left"}
+	c := keyChange{Key: string(ev.Kv.Key), KeyBase64: base64IfInvalid(string(ev.Kv.Key)), Change: "left"}
 	if ev.Type == clientv3.EventTypePut {
 		c.Change = "new value"
 		if ev.IsCreate() {
