@@ -10,6 +10,7 @@ import (
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/storage/wal"
 	"go.uber.org/zap"
 )
 
@@ -21,9 +22,17 @@ type embeddedEtcd struct {
 	endpoint string
 }
 
+// demoWALSegment is the size of the embedded etcd's WAL segments, which
+// etcd preallocates (64 MB, and the next one too, by default): the demo
+// writes a few kilobytes, and what a killed demo leaves behind stays
+// small.
+const demoWALSegment = 1 << 20
+
 // startEmbedded starts a one-member etcd on a free loopback port with its
-// data under dir (fsync on, as any etcd).
+// data under dir (fsync on, as any etcd). It sets etcd's WAL segment size
+// for the whole process: call it once.
 func startEmbedded(dir string) (*embeddedEtcd, error) {
+	wal.SegmentSizeBytes = demoWALSegment
 	cport, err := etcdtest.FreePort()
 	if err != nil {
 		return nil, err

@@ -1,0 +1,39 @@
+//go:build linux || darwin || freebsd || netbsd || openbsd || dragonfly
+
+package main
+
+import (
+	"io/fs"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A demo killed with SIGKILL leaves little behind: its etcd preallocates
+// small WAL segments (issue 43: 123 MB in the temporary directory).
+func TestDemoKilled(t *testing.T) {
+	t.Parallel()
+	tmp := t.TempDir()
+	p := startProc(t, []string{"TMPDIR=" + tmp}, "demo")
+	line := p.stdout.waitFor(t, ", data in ")
+	dir := strings.TrimSuffix(line[strings.Index(line, ", data in ")+len(", data in "):], ".")
+	require.NoError(t, p.cmd.Process.Kill())
+	<-p.exited
+
+	var used int64 // bytes on disk, as du counts them: the WAL is preallocated
+	require.NoError(t, filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		used += info.Sys().(*syscall.Stat_t).Blocks * 512
+		return nil
+	}))
+	require.Less(t, used, int64(8<<20), "a killed demo left %d bytes in %s", used, dir)
+}
