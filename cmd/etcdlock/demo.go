@@ -34,10 +34,11 @@ const (
 
 const demoHelp = `Usage: etcdlock demo
 
-Starts an etcd of its own in a temporary directory (removed at the end) and
-shows three clients competing for one lock: who queues, who holds with which
-fencing token, the queue, and a holder whose process is killed: the lock
-passes to the next in line once the dead holder's 2s lease TTL has run out.
+Starts an etcd of its own in a temporary directory (removed at the end, or
+by the next demo if this one is killed) and shows three clients competing
+for one lock: who queues, who holds with which fencing token, the queue,
+and a holder whose process is killed: the lock passes to the next in line
+once the dead holder's 2s lease TTL has run out.
 Needs no setup; takes a few seconds.
 `
 
@@ -67,7 +68,7 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 
-	dir, err := mkdirTemp()
+	dir, release, err := mkdirDemo()
 	if err != nil {
 		return err
 	}
@@ -76,6 +77,7 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
 		err = rerr
 	}
+	release()
 	if se, ok := context.Cause(ctx).(*signalError); ok {
 		return failf(exitSignalBase+signalNumber(se.sig), "demo interrupted by %s; etcd stopped and %s removed", sigName(se.sig), dir)
 	}

@@ -4,6 +4,7 @@ package main
 
 import (
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -12,8 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A demo killed with SIGKILL leaves little behind: its etcd preallocates
-// small WAL segments (issue 43: 123 MB in the temporary directory).
+// A demo killed with SIGKILL leaves little behind (its etcd preallocates
+// small WAL segments), and the next demo removes it (issue 43: 123 MB
+// stayed in the temporary directory).
 func TestDemoKilled(t *testing.T) {
 	t.Parallel()
 	tmp := t.TempDir()
@@ -36,4 +38,10 @@ func TestDemoKilled(t *testing.T) {
 		return nil
 	}))
 	require.Less(t, used, int64(8<<20), "a killed demo left %d bytes in %s", used, dir)
+
+	r := runProc(t, []string{"TMPDIR=" + tmp}, "demo")
+	require.Equal(t, 0, r.code, r.stderr)
+	entries, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	require.Empty(t, entries, "the killed demo's directory is still there")
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net/url"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -24,8 +23,8 @@ type embeddedEtcd struct {
 
 // demoWALSegment is the size of the embedded etcd's WAL segments, which
 // etcd preallocates (64 MB, and the next one too, by default): the demo
-// writes a few kilobytes, and what a killed demo leaves behind stays
-// small.
+// writes a few kilobytes, and what a killed demo leaves behind until the
+// next one removes it stays small.
 const demoWALSegment = 1 << 20
 
 // startEmbedded starts a one-member etcd on a free loopback port with its
@@ -78,5 +77,6 @@ func (e *embeddedEtcd) NewClient() (*clientv3.Client, error) {
 // Close stops the member; its data directory is left to the caller.
 func (e *embeddedEtcd) Close() { e.etcd.Close() }
 
-// mkdirTemp makes the demo's temporary directory.
-func mkdirTemp() (string, error) { return os.MkdirTemp("", "etcdlock-demo-") }
+// demoDirPattern names the demo's temporary directories (os.MkdirTemp's
+// pattern, and a glob).
+const demoDirPattern = "etcdlock-demo-*"
