@@ -60,11 +60,14 @@ every change (a new leader, a new value, no leader), one line each, until
 SIGINT, SIGTERM or SIGHUP, and then exits 0:
   leader "VALUE" (key KEY, token TOKEN, revision REV)
   no leader (revision REV)
-VALUE is quoted as in Go (one line whatever it holds). REV is the etcd
-revision the line is true at. With --json each line is a JSON object,
-with TIME when etcdlock saw it (RFC 3339):
+VALUE is quoted as in Go (one line whatever it holds), and KEY too unless
+it is plain, as 'etcdlock help status' tells. REV is the etcd revision
+the line is true at. With --json each line is a JSON object, with TIME
+when etcdlock saw it (RFC 3339):
   {"time":"TIME","revision":REV,"leader":true,"key":"KEY","lease":"LEASE","token":TOKEN,"value":"VALUE"}
   {"time":"TIME","revision":REV,"leader":false}
+A KEY that is not valid UTF-8 also has its bytes in base64, as
+"key_base64".
 It rides out lost connections and etcd restarts without gaps (lines may lag
 while etcd is out of reach); if observing fails for good (such as
 permission denied), it says why and exits 1.

@@ -59,6 +59,8 @@ start.
 In JSON, "identity" is a JSON object when the holder recorded one
 (etcdlock run does), else a string.
 
+` + namesHelp + `
+
 Exit codes: 0 listed (also when there is no lock), 2 usage, 3 cannot reach
 etcd, 1 other.
 ` + connHelp

@@ -56,6 +56,8 @@ and says when it watches again; if etcd has compacted the history it
 needed, it says so and shows the queue as it is now.
 ` + livenessHelp + `
 
+` + namesHelp + `
+
 Exit codes: 0 shown (held or free), 2 usage, 3 cannot reach etcd, 1 other.
 ` + connHelp
 

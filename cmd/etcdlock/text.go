@@ -9,6 +9,16 @@ import (
 	"unicode/utf8"
 )
 
+// namesHelp tells, in the help of ls and status, how names and what
+// holders recorded are shown (safeText, base64IfInvalid).
+const namesHelp = `A name, key, identity, host or command name is shown as it is when it
+is plain: printable UTF-8 without a space, a double quote or a
+backslash, such as jobs/backup. Any other is shown quoted as in Go
+("my lock", "a\nb", "bad\xff"): one word that adds no line or column
+and sends the terminal no escape sequence. In JSON, a name or key that is
+not valid UTF-8, which JSON cannot carry, also has its exact bytes in
+base64 beside it: "name_base64", "key_base64", "waits_for_base64".`
+
 // safeText is s as the text output shows a lock name, key, identity, host
 // or command name, which come from etcd or the command line: s itself when
 // it is plain (non-empty, valid UTF-8, every character printable, and no
