@@ -378,7 +378,10 @@ func (h *demoHolder) stop() {
 
 // cmdDemoHolder takes the lock for the demo in a process of its own,
 // reports "KEY TOKEN" on stdout, and holds the lock until stdin closes.
-// Arguments: endpoint, lock name, TTL.
+// Arguments: endpoint, lock name, TTL. Its standard input ends when the
+// demo closes it or dies, SIGKILL included: then whatever the holder
+// waits for ends too, and it exits within seconds, though the demo's etcd
+// died with the demo.
 func cmdDemoHolder(args []string, stdout io.Writer) error {
 	if len(args) != 3 {
 		return failf(exitUsage, "%s: want ENDPOINT NAME TTL", demoHolderCmd)
@@ -392,18 +395,28 @@ func cmdDemoHolder(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer cli.Close()
-	s, err := etcdlock.NewSession(context.Background(), cli, etcdlock.WithTTL(ttl))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stdinDone := make(chan struct{})
+	go func() {
+		defer close(stdinDone)
+		io.Copy(io.Discard, os.Stdin) // until the demo closes stdin, or dies
+		cancel()
+	}()
+	s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithTTL(ttl))
 	if err != nil {
 		return err
 	}
-	defer s.Close()
+	defer s.Close() // waits at most the TTL
 	m := etcdlock.NewMutex(s, args[1])
-	ctx, cancel := context.WithTimeout(context.Background(), demoStepTimeout)
-	defer cancel()
-	if err := m.Lock(ctx); err != nil {
+	lctx, lcancel := context.WithTimeout(ctx, demoStepTimeout)
+	defer lcancel()
+	if err := m.Lock(lctx); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s %d\n", m.Key(), m.Token())
-	io.Copy(io.Discard, os.Stdin) // until the demo closes stdin, or dies
-	return m.Unlock(context.Background())
+	<-stdinDone
+	uctx, ucancel := context.WithTimeout(context.Background(), ttl)
+	defer ucancel()
+	return m.Unlock(uctx)
 }

@@ -14,16 +14,20 @@ import (
 )
 
 // A demo killed with SIGKILL leaves little behind (its etcd preallocates
-// small WAL segments), and the next demo removes it (issue 43: 123 MB
-// stayed in the temporary directory).
+// small WAL segments, and its holder process exits), and the next demo
+// removes it (issue 43: 123 MB stayed in the temporary directory).
 func TestDemoKilled(t *testing.T) {
 	t.Parallel()
 	tmp := t.TempDir()
 	p := startProc(t, []string{"TMPDIR=" + tmp}, "demo")
 	line := p.stdout.waitFor(t, ", data in ")
 	dir := strings.TrimSuffix(line[strings.Index(line, ", data in ")+len(", data in "):], ".")
+	// Killed as its holder process starts, which then finds no etcd.
+	p.stdout.waitFor(t, "alice  runs as process ")
 	require.NoError(t, p.cmd.Process.Kill())
 	<-p.exited
+	// Its lock holder, a child that writes to the same stderr, exits too.
+	require.True(t, p.stderr.waitEOF(procTimeout), "a child of the killed demo still runs")
 
 	var used int64 // bytes on disk, as du counts them: the WAL is preallocated
 	require.NoError(t, filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
