@@ -893,7 +893,7 @@ loop:
 				continue
 			}
 			switch {
-			case time.Now().Before(killBy()):
+			case time.Now().Before(killBy().Add(lead)): // the supervisor's deadline
 				stoppedEarly = stoppedEarly || (termAt.IsZero() && !killed)
 			case lostErr == nil:
 				// Too late to stop CMD in time: etcdlock itself was
@@ -933,11 +933,17 @@ loop:
 	// Before the lock is released: if the supervisor was killed, what CMD
 	// started is killed now.
 	if sig := ch.exited(); sig != nil {
-		msg := fmt.Sprintf("the supervisor of %s (%s %s, pid %d) was killed by %s: %s and every process it started were killed", cmdName, filepath.Base(os.Args[0]), superviseCmd, ch.cmd.Process.Pid, sigName(sig), cmdName)
-		if lostErr == nil {
-			r.release()
+		after := held + " was released"
+		switch {
+		case lostErr != nil:
+			after = held + " was lost before (" + detail(lostErr) + ")"
+		default:
+			if uerr := r.release(); uerr != nil {
+				after = "release " + held + ": " + detail(uerr)
+			}
 		}
-		return failf(exitFailure, "%s; %s was released", msg, held)
+		return failf(exitFailure, "the supervisor of %s (%s %s, pid %d) was killed by %s: %s and every process it started were killed; %s",
+			cmdName, filepath.Base(os.Args[0]), superviseCmd, ch.cmd.Process.Pid, sigName(sig), cmdName, after)
 	}
 	if stoppedEarly {
 		// CMD is gone, and was stopped before the lock could pass on.
@@ -986,10 +992,10 @@ func minTime(a, b time.Time) time.Time {
 
 // startLocked starts c, and returns the channel that gets c.Wait's
 // result once c has exited. c is started and waited for by a goroutine
-// locked to its OS thread: the kernel sends the parent-death signal of
-// supervised when the thread that forked the child exits, not the
-// process, and a thread locked to a goroutine serves no other, so it
-// cannot end while that goroutine waits. The goroutine ends when c has
+// locked to its OS thread: the kernel sends a parent-death signal (the
+// supervisor gives CMD one) when the thread that forked the child exits,
+// not the process, and a thread locked to a goroutine serves no other, so
+// it cannot end while that goroutine waits. The goroutine ends when c has
 // exited.
 func startLocked(c *exec.Cmd) (<-chan error, error) {
 	started, waitc := make(chan error, 1), make(chan error, 1)
