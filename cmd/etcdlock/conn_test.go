@@ -466,6 +466,10 @@ func TestBareSeconds(t *testing.T) {
 	require.NoError(t, h.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, h.wait(t), h.stderr.String())
 
+	// --lock-delay too rounds up: 0.5 is 1s (it was refused).
+	r = runProc(t, nil, "run", "--lock-delay", "0.5", ep(), name+"-delay", "--", "true")
+	require.Equal(t, 0, r.code, r.stderr)
+
 	// Below a second, as the help says: rounded up to etcd's first
 	// second (issue 43: refused), for run and elect alike.
 	for _, cmd := range []string{"run", "elect"} {

@@ -168,7 +168,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("run", "--try=%v and --timeout exclude each other: both bound the wait", try.wait)
 	case try.on && timeout > 0:
 		return usageErr("run", "--try and --timeout exclude each other")
-	case lockDelay != 0 && (lockDelay < etcdlock.MinTTL || lockDelay > etcdlock.MaxLockDelay):
+	case lockDelay < 0 || lockDelay > etcdlock.MaxLockDelay:
 		return usageErr("run", "--lock-delay must be between %v and %v, not %v", etcdlock.MinTTL, etcdlock.MaxLockDelay, lockDelay)
 	case lockDelay != 0 && len(also) > 0:
 		return usageErr("run", "--lock-delay does not go with --also: a MultiMutex takes no lock delay")
@@ -176,6 +176,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("run", "--min-hold must be between 1ms and %v, not %v", etcdlock.MaxLockDelay, minHold)
 	case minHold != 0 && (len(also) > 0 || *shared || permits != 0 || consulN != 0):
 		return usageErr("run", "--min-hold is for an exclusive lock: it does not go with --also, --shared, --permits or -n")
+	}
+	if lockDelay > 0 {
+		// Whole seconds, rounded up, as its help says: 0.5 is 1s.
+		lockDelay = leaseTTL(lockDelay)
 	}
 	if grace, err = graceFor(fset, "run", grace, ttl); err != nil {
 		return err

@@ -120,7 +120,7 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"run", "--try=soon", "n", "--", "true"}, "want true, false, or a duration to wait at most"},
 		{nil, []string{"run", "-n", "3", "--permits", "1", "--of", "3", "n", "--", "true"}, "-n N is --permits 1 --of N: give one or the other, not both"},
 		{nil, []string{"run", "-n", "0", "n", "--", "true"}, "-n must be at least 1, not 0"},
-		{nil, []string{"run", "--lock-delay", "500ms", "n", "--", "true"}, "--lock-delay must be between 1s and 24h0m0s"},
+		{nil, []string{"run", "--lock-delay", "-1s", "n", "--", "true"}, "--lock-delay must be between 1s and 24h0m0s"},
 		{nil, []string{"run", "--lock-delay", "25h", "n", "--", "true"}, "--lock-delay must be between"},
 		{nil, []string{"run", "--lock-delay", "2s", "--also", "m", "n", "--", "true"}, "--lock-delay does not go with --also"},
 		{nil, []string{"run", "--user", "root", "n", "--", "true"}, `--user "root" has no password, and standard input is not a terminal to ask for it`},
