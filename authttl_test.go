@@ -120,3 +120,36 @@ func TestAuthTokenExpiry(t *testing.T) {
 	}
 	require.NoError(t, candidate.Resign(ctx))
 }
+
+// ObserveLeader by a user who may not read the election ends with etcd's
+// permission denied, as its doc says, rather than retrying the refused
+// watch for ever (elect --listen then never exited).
+func TestObserveLeaderRefused(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := etcdtest.Start(t, 1)
+	root := c.Client(t)
+	_, err := root.RoleAdd(ctx, "elsewhere")
+	require.NoError(t, err)
+	_, err = root.RoleGrantPermission(ctx, "elsewhere", "other/", clientv3.GetPrefixRangeEnd("other/"), clientv3.PermissionType(clientv3.PermReadWrite))
+	require.NoError(t, err)
+	_, err = root.UserAdd(ctx, "bob", "bob-pw")
+	require.NoError(t, err)
+	_, err = root.UserGrantRole(ctx, "bob", "elsewhere")
+	require.NoError(t, err)
+	require.NoError(t, etcdtest.EnableAuth(ctx, root, "root-pw"))
+	bob := c.Client(t, clientv3.Config{Username: "bob", Password: "bob-pw"})
+
+	octx, cancel := context.WithTimeout(ctx, time.Minute) // a bound for the failure, not a wait
+	defer cancel()
+	var got []error
+	for _, err := range etcdlock.ObserveLeader(octx, bob, "refused/elect") {
+		got = append(got, err)
+		if err == nil {
+			t.Fatal("a leader was yielded to a user who may not read the election")
+		}
+	}
+	require.NoError(t, octx.Err(), "the refused watch was retried until the context ended")
+	require.Len(t, got, 1)
+	require.ErrorIs(t, got[0], rpctypes.ErrPermissionDenied)
+}

@@ -472,13 +472,19 @@ func (o *observer) watch(ctx context.Context) error {
 }
 
 // watchErr explains why the watch ended: ctx, compaction (matching
-// rpctypes.ErrCompacted), or a broken watch.
+// rpctypes.ErrCompacted), a refusal (rpctypes.ErrPermissionDenied), or a
+// broken watch.
 func (o *observer) watchErr(ctx context.Context, wr clientv3.WatchResponse) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if wr.CompactRevision != 0 {
 		return rpctypes.ErrCompacted
+	}
+	if refused(wr.Err()) {
+		// etcd cancels a watch the user may not make: that does not
+		// pass, and it ends the sequence (it was retried for ever).
+		return rpctypes.ErrPermissionDenied
 	}
 	return errorf("%w: %w", errWatchBroken, wr.Err())
 }
