@@ -1,0 +1,126 @@
+package etcdlock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Resuming after a restart (issue 38): a process that adopts the lease of
+// one that held a lock (WithLease) gets the lock again, but as a new hold:
+// a new key, a larger token, behind whoever queued meanwhile, after the
+// old hold's minimum hold and lock delay. Before, it took over the old key
+// with its token at once, and the old holder's late write with that token
+// passed the fence.
+
+// adopt orphans s, as a process that dies does, and returns a session of
+// the same lease, as its successor makes with WithLease.
+func adopt(t *testing.T, cli *clientv3.Client, s *etcdlock.Session) *etcdlock.Session {
+	t.Helper()
+	s.Orphan()
+	return newSession(t, cli, etcdlock.WithLease(s.Lease()))
+}
+
+func TestResumedHoldIsANewHold(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	fence := "fence/" + t.Name()
+	for _, try := range []bool{false, true} {
+		old := newSession(t, cli)
+		m := etcdlock.NewMutex(old, name)
+		require.NoError(t, m.Lock(t.Context()))
+		oldToken, oldOwner := m.Token(), m.IsOwner()
+		_, err := etcdlock.FencedWrite(t.Context(), cli, fence, oldToken, clientv3.OpPut("data/"+t.Name(), "old"))
+		require.NoError(t, err)
+
+		m2 := etcdlock.NewMutex(adopt(t, cli, old), name)
+		if try {
+			require.NoError(t, m2.TryLock(t.Context()))
+		} else {
+			require.NoError(t, m2.Lock(t.Context()))
+		}
+		require.Greater(t, m2.Token(), oldToken, "the resumed hold carries the old hold's token")
+		require.Equal(t, []string{m2.Key()}, keys(t, cli, name))
+		_, err = etcdlock.FencedWrite(t.Context(), cli, fence, m2.Token(), clientv3.OpPut("data/"+t.Name(), "new"))
+		require.NoError(t, err)
+
+		// The old holder's late writes: by its token, and by its IsOwner.
+		_, err = etcdlock.FencedWrite(t.Context(), cli, fence, oldToken, clientv3.OpPut("data/"+t.Name(), "late"))
+		require.ErrorIs(t, err, etcdlock.ErrStaleToken)
+		resp, err := cli.Txn(t.Context()).If(oldOwner).Then(clientv3.OpPut("data/"+t.Name(), "late")).Commit()
+		require.NoError(t, err)
+		require.False(t, resp.Succeeded, "the old hold's IsOwner still holds")
+		require.NoError(t, m2.Unlock(t.Context()))
+	}
+}
+
+// A waiter that queued behind the old hold goes first: the resumed hold
+// queues behind it.
+func TestResumedHoldQueuesBehind(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	old := newSession(t, cli)
+	require.NoError(t, etcdlock.NewMutex(old, name).Lock(t.Context()))
+	w := startWaiter(t.Context(), etcdlock.NewMutex(newSession(t, cli), name))
+	w.waitIdle(t)
+
+	resumed := startWaiter(t.Context(), etcdlock.NewMutex(adopt(t, cli, old), name))
+	require.NoError(t, w.result(t, 10*time.Second), "the waiter is admitted once the old hold is removed")
+	resumed.waitIdle(t)
+	resumed.assertWaiting(t)
+	require.NoError(t, w.m.Unlock(t.Context()))
+	require.NoError(t, resumed.result(t, 10*time.Second))
+	require.Greater(t, resumed.m.Token(), w.m.Token())
+	require.NoError(t, resumed.m.Unlock(t.Context()))
+}
+
+// The old hold's minimum hold and lock delay are owed: the resumed hold
+// is admitted only once etcd has let the old hold's record go (its delay
+// lease ended), which the watch of the record shows at a revision before
+// the admission.
+func TestResumedHoldOwesDelay(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	for _, opt := range []struct {
+		name string
+		o    etcdlock.MutexOption
+	}{
+		{"min hold", etcdlock.WithMinHold(2 * time.Second)},
+		{"lock delay", etcdlock.WithLockDelay(2 * time.Second)},
+	} {
+		t.Run(opt.name, func(t *testing.T) {
+			name := lockName(t)
+			old := newSession(t, cli)
+			m := etcdlock.NewMutex(old, name, opt.o)
+			require.NoError(t, m.Lock(t.Context()))
+			record := etcdlock.LockDelayPrefix + m.Key()
+			got, err := cli.Get(t.Context(), record)
+			require.NoError(t, err)
+			require.Len(t, got.Kvs, 1, "the hold wrote no record")
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			deleted := cli.Watch(ctx, record, clientv3.WithRev(got.Header.Revision+1), clientv3.WithFilterPut())
+
+			m2 := etcdlock.NewMutex(adopt(t, cli, old), name, opt.o)
+			require.NoError(t, m2.Lock(t.Context()))
+			var gone int64
+			select {
+			case wr := <-deleted:
+				require.NoError(t, wr.Err())
+				require.NotEmpty(t, wr.Events)
+				gone = wr.Events[0].Kv.ModRevision
+			case <-time.After(time.Minute):
+				t.Fatal("the old hold's record never went: no delay was started")
+			}
+			require.Greater(t, m2.Header().Revision, gone, "the resumed hold was admitted before the old hold's delay ended")
+			require.Greater(t, m2.Token(), m.Token())
+			require.NoError(t, m2.Unlock(t.Context()))
+		})
+	}
+}
