@@ -97,8 +97,13 @@ func WithTTL(d time.Duration) SessionOption {
 // ErrInvalidOption for a lease that another Session of this process still
 // uses, through any client of the cluster: adopt a lease once the Session
 // that used it has ended (Orphan, Close, its lease's loss), and its calls
-// have returned. Keys it left under the lease are then the new session's: a
-// lock in the same mode takes its place. A lease must never be used by two
+// have returned. A lock of the new session that finds a key left under the
+// lease (the old session's hold, say) takes the lock as a new hold: it
+// removes that key as a hold that ended without Unlock, so the old hold's
+// minimum hold and lock delay are waited out, and joins the queue behind
+// whoever queued since, with a larger token. Uncontended, a restarted
+// process thus holds its lock again at once, and the old hold's late
+// writes are refused by every fence. A lease must never be used by two
 // processes at once.
 func WithLease(id clientv3.LeaseID) SessionOption {
 	return func(o *sessionOptions) error {

@@ -81,3 +81,37 @@ func TestPausedHolderIsFenced(t *testing.T) {
 		require.NoError(t, b.Unlock(context.WithoutCancel(ctx)))
 	})
 }
+
+// TestResumedHolderIsFenced: a process that restarts and adopts its
+// predecessor's lease (WithLease) holds the lock again, but as a new hold
+// with a larger token (issue 38). The predecessor's late write, with the
+// old token, is refused once the new hold has written. Before, the new
+// hold took over the old key and its token, and equal tokens pass.
+func TestResumedHolderIsFenced(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, db *sql.DB) {
+		ctx := t.Context()
+		createValues(t, db)
+		name := "fence/" + t.Name()
+		cli := cluster.Client(t)
+
+		old, err := etcdlock.NewSession(ctx, cli)
+		require.NoError(t, err)
+		a := etcdlock.NewMutex(old, name)
+		require.NoError(t, a.Lock(ctx))
+		tokenA := a.Token()
+		require.NoError(t, etcdlocksql.Do(ctx, db, name, tokenA, put(ctx, name, "A", tokenA)))
+		old.Orphan() // the process dies; its successor adopts the lease
+
+		s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithLease(old.Lease()))
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		b := etcdlock.NewMutex(s, name)
+		require.NoError(t, b.Lock(ctx))
+		require.Greater(t, b.Token(), tokenA)
+		require.NoError(t, etcdlocksql.Do(ctx, db, name, b.Token(), put(ctx, name, "B", b.Token())))
+
+		err = etcdlocksql.Do(ctx, db, name, tokenA, put(ctx, name, "A late", tokenA))
+		require.ErrorIs(t, err, etcdlocksql.ErrStaleToken)
+		require.Equal(t, "B", value(t, db, name))
+	})
+}
