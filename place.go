@@ -68,22 +68,22 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int6
 func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int64, page, delays *pb.RangeResponse, recorded bool, hdr *pb.ResponseHeader, err error) {
 	// One round trip puts the key and reads the newest keys under the
 	// prefix. Read after the put in the same Txn, they show who is ahead:
-	// uncontended Lock is this one RPC.
+	// uncontended Lock is this one RPC. If this session already has a key
+	// (left by a cleanup that could not reach etcd) in the same mode, its
+	// place is reused, and the Put binds it to the session's lease again
+	// (it may have been bound to a WithMaxHold lease); a Put keeps the
+	// create revision. A leftover in another mode is never Put (Invariant
+	// K): readers behind a leftover read key may hold, and turning it
+	// exclusive at its old place would let a writer in among them. It is
+	// removed, and the key placed anew.
 	//
-	// A key found there already is not this Lock's: a hold of the process
-	// that used the lease before (WithLease), or a key a cleanup of this
-	// session could not remove. Its place and its token belong to a hold
-	// that may have been used: taking them over would let that hold's
-	// late writes pass a fence as this one's. So it is removed, by its
-	// create revision, as a hold that ended without Unlock (its delay or
-	// minimum-hold record, if any, stays: the delay is owed), and the key
-	// is placed anew, behind whoever queued since. A key the next join
-	// finds is this Lock's own, put by an attempt whose answer was lost:
-	// in the same mode it keeps its place, and the Put binds it to the
-	// session's lease again (a Put keeps the create revision). (If the
-	// first join's answer is lost, the key found may be its own too: it
-	// is removed all the same, and the Lock waits out its own delay, if
-	// it wrote one. Slower, never unsafe.)
+	// A key inherited with an adopted lease (WithLease) is not a
+	// leftover: it is a hold of the process that used the lease before,
+	// which may have been used. Taking over its place and token would let
+	// that hold's late writes pass a fence as this one's. It is removed,
+	// by its create revision, as a hold that ended without Unlock (its
+	// delay or minimum-hold record, if any, stays: the delay is owed), and
+	// the key is placed anew, behind whoever queued since.
 	var resp *clientv3.TxnResponse
 	for attempt := 0; ; attempt++ {
 		resp, err = q.join(ctx, mode, val)
@@ -93,10 +93,12 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 			return 0, nil, nil, false, nil, q.fail(ctx, 0, err)
 		}
 		if resp.Succeeded {
+			q.s.disinherit(q.key)
 			break
 		}
 		in := resp.Responses[kept].GetResponseTxn()
-		if in.Succeeded && attempt > 0 {
+		inherited := attempt == 0 && q.s.inherits(q.key)
+		if in.Succeeded && !inherited {
 			break
 		}
 		if attempt > 0 {
@@ -109,9 +111,12 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 		if in.Succeeded {
 			found = keptKey
 		}
-		old := in.Responses[found].GetResponseRange().Kvs
-		if len(old) > 0 {
-			if err := q.removeFound(ctx, old[0].CreateRevision); err != nil {
+		if old := in.Responses[found].GetResponseRange().Kvs; len(old) > 0 {
+			remove := q.remove
+			if inherited {
+				remove = q.removeInherited
+			}
+			if err := remove(ctx, old[0].CreateRevision); err != nil {
 				return 0, nil, nil, false, nil, err
 			}
 		}
@@ -318,21 +323,24 @@ func (q *queue) remove(ctx context.Context, rev int64) error {
 	return errorf("remove %s after failed lock: %w", q.key, err)
 }
 
-// removeFound deletes the key a Lock or a TryLock found under the
-// session's lease before it placed its own, if it still has create
-// revision rev, and leaves its delay record: the hold it was ended
-// without Unlock.
-func (q *queue) removeFound(ctx context.Context, rev int64) error {
+// removeInherited deletes the key inherited with the session's adopted
+// lease, if it still has create revision rev, and leaves its delay record:
+// the hold it was ended without Unlock.
+func (q *queue) removeInherited(ctx context.Context, rev int64) error {
 	cctx, cancel := q.writeCtx(ctx)
 	defer cancel()
 	cmps, dels := q.removeOps(rev)
 	_, err := retry(cctx, q.passes(cctx), func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return q.s.cli.Txn(ctx).If(cmps...).Then(dels...).Commit()
 	})
-	if err == nil || q.s.Err() != nil {
+	switch {
+	case err == nil:
+		q.s.disinherit(q.key)
+		return nil
+	case q.s.Err() != nil:
 		return nil
 	}
-	return errorf("remove %s, found under the session's lease: %w", q.key, err)
+	return errorf("remove %s, inherited with the lease: %w", q.key, err)
 }
 
 // acquireSet is acquire for a set: it puts every key in one Txn and waits
@@ -398,6 +406,9 @@ func (q *queue) placeSet(ctx context.Context, val string) (rev int64, pages []*p
 			pages[i] = resp.Responses[n+i].GetResponseRange()
 		}
 		if resp.Succeeded {
+			for _, p := range q.set.parts {
+				q.s.disinherit(p.key)
+			}
 			return resp.Header.Revision, pages, resp.Header, nil
 		}
 		revs := make([]int64, n)
@@ -412,8 +423,14 @@ func (q *queue) placeSet(ctx context.Context, val string) (rev int64, pages []*p
 			revs[i] = kv.CreateRevision
 			placed = placed && revs[i] == revs[0] && string(kv.Value) == q.set.parts[i].partValue(val) && kv.Lease == int64(q.s.Lease())
 		}
-		if placed && attempt > 0 {
-			// Put by an attempt of this join whose answer was lost.
+		inherited := false
+		for _, p := range q.set.parts {
+			inherited = inherited || (attempt == 0 && q.s.inherits(p.key))
+		}
+		if placed && !inherited {
+			for _, p := range q.set.parts {
+				q.s.disinherit(p.key)
+			}
 			return revs[0], pages, resp.Header, nil
 		}
 		if attempt > 0 {

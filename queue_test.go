@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -20,35 +21,33 @@ func leftover(t *testing.T, cli *clientv3.Client, s *etcdlock.Session, key, v st
 	return resp.Header.Revision
 }
 
-// TestLeftoverSameModeIsReplaced: a key of this session's found under its
-// lease in the Mutex's mode (a cleanup that could not reach etcd left it,
-// or a process that used the lease before) is not taken over at its
-// place with its token: Lock and TryLock remove it and take a new key
-// (issue 38). A waiter behind it is admitted first.
-func TestLeftoverSameModeIsReplaced(t *testing.T) {
-	cli := newClient(t)
+// TestLeftoverSameModeKeepsPlace: this session's own key, left in the
+// Mutex's mode, is reused at its place in one RPC, by Lock and TryLock.
+func TestLeftoverSameModeKeepsPlace(t *testing.T) {
+	var rpcs etcdtest.RPCCounter
+	cli := cluster.Client(t, clientv3.Config{DialOptions: rpcs.DialOptions()})
 	s := newSession(t, cli)
 	name := lockName(t)
 	m := etcdlock.NewMutex(s, name)
 
 	rev := leftover(t, cli, s, m.Key(), "")
+	before := rpcs.Total()
 	require.NoError(t, m.Lock(t.Context()))
-	require.Greater(t, m.Token(), rev, "a new key, not the leftover")
+	require.EqualValues(t, 1, rpcs.Total()-before, "Lock on our own leftover: one RPC")
+	require.Equal(t, rev, m.Token(), "the leftover keeps its place")
 	require.NoError(t, m.Unlock(t.Context()))
-	require.Empty(t, keys(t, cli, name))
 
-	// A waiter behind the leftover is next once it goes: TryLock finds
-	// the lock held.
+	// TryLock takes our leftover at its place even with a waiter behind
+	// it: the waiter waits for that key anyway.
 	rev = leftover(t, cli, s, m.Key(), "")
 	w := startWaiter(t.Context(), etcdlock.NewMutex(newSession(t, cli), name))
 	require.Equal(t, m.Key(), w.waitIdle(t))
-	require.ErrorIs(t, m.TryLock(t.Context()), etcdlock.ErrLocked)
-	require.NoError(t, w.result(t, 10*time.Second))
-	require.Greater(t, w.m.Token(), rev)
-	require.NoError(t, w.m.Unlock(t.Context()))
 	require.NoError(t, m.TryLock(t.Context()))
-	require.Greater(t, m.Token(), w.m.Token())
+	require.Equal(t, rev, m.Token())
+	w.assertWaiting(t)
 	require.NoError(t, m.Unlock(t.Context()))
+	require.NoError(t, w.result(t, 10*time.Second))
+	require.NoError(t, w.m.Unlock(t.Context()))
 }
 
 // TestLeftoverOfOtherModeIsReplaced: a key of this session left in another

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -73,6 +74,13 @@ type Session struct {
 	leaseGone bool       // etcd said the lease no longer exists
 	names     map[string]nameLock
 	extra     map[clientv3.LeaseID]time.Time // WithMaxHold leases not yet revoked, and when they run out
+	// inherited are the keys attached to the lease when the session
+	// adopted it (WithLease): holds of the process before, not this
+	// session's (see inherits). Guarded by mu; adopted says it may hold
+	// some, so that other sessions take no lock to ask.
+	inherited  map[string]bool // false: a key this session put (inheritAll)
+	inheritAll bool            // etcd would not list them: every other key found is
+	adopted    atomic.Bool
 }
 
 // requireLeaderMD is the metadata of clientv3.WithRequireLeader, made once
@@ -190,9 +198,15 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 		stop:      func() { stop(nil) },
 		loopDone:  make(chan struct{}),
 		deadline:  st.deadline,
+		inherited: st.inherited,
 		names:     make(map[string]nameLock),
 		ev:        newReporter(o.hooks, o.logger),
 	}
+	if st.inheritAll && s.inherited == nil {
+		s.inherited = map[string]bool{}
+	}
+	s.inheritAll = st.inheritAll
+	s.adopted.Store(len(s.inherited) > 0 || st.inheritAll)
 	s.watcher = newSessionWatcher(s)
 	s.releaser = newReleaser(s.endCtx)
 	go s.keepAlive(ctx, unwatch)
@@ -205,6 +219,10 @@ type startedLease struct {
 	key      leaseKey      // claimed (claimLease) for the new Session
 	ttl      time.Duration // granted
 	deadline time.Time     // the lease lives at least until then
+	// The keys attached to an adopted lease (WithLease), or all keys
+	// (inheritAll) where etcd would not list them.
+	inherited  map[string]bool
+	inheritAll bool
 }
 
 // startLease grants the session's lease, or checks and renews the one
@@ -231,12 +249,27 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 		ttl := time.Duration(resp.TTL) * time.Second
 		lk := leaseKey{resp.ResponseHeader.GetClusterId(), resp.ID}
 		claimLease(lk) // new: no Session has it
-		return startedLease{resp.ID, lk, ttl, sent.Add(ttl)}, nil
+		return startedLease{id: resp.ID, key: lk, ttl: ttl, deadline: sent.Add(ttl)}, nil
 	}
 
 	id := o.lease
+	// The keys attached to the lease are a hold's of the process that
+	// used it before: none of them is taken over (see inherits). The
+	// leader answers once it has applied all that was committed, so an
+	// acknowledged Put is among them. A user who may not read one of
+	// them is answered without keys: then every key found is taken as
+	// inherited.
+	all := false
 	resp, err := retry(ctx, transient, func(ctx context.Context) (*clientv3.LeaseTimeToLiveResponse, error) {
-		return cli.TimeToLive(ctx, id)
+		if all {
+			return cli.TimeToLive(ctx, id)
+		}
+		resp, err := cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys())
+		if refused(err) {
+			all = true
+			return cli.TimeToLive(ctx, id)
+		}
+		return resp, err
 	})
 	if err != nil {
 		return startedLease{}, errorf("look up lease %x: %w", id, started(err))
@@ -263,7 +296,14 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 		releaseLease(lk)
 		return startedLease{}, errorf("renew lease %x: %w", id, started(err))
 	}
-	return startedLease{id, lk, time.Duration(resp.GrantedTTL) * time.Second, sent.Add(time.Duration(ka.TTL) * time.Second)}, nil
+	st := startedLease{id: id, key: lk, ttl: time.Duration(resp.GrantedTTL) * time.Second, deadline: sent.Add(time.Duration(ka.TTL) * time.Second), inheritAll: all}
+	if len(resp.Keys) > 0 {
+		st.inherited = make(map[string]bool, len(resp.Keys))
+		for _, k := range resp.Keys {
+			st.inherited[string(k)] = true
+		}
+	}
+	return st, nil
 }
 
 // startErr is the error of a start that failed with err: ctx's or the
@@ -295,6 +335,37 @@ func (s *Session) Lease() clientv3.LeaseID { return s.id }
 
 // TTL returns the lease TTL etcd granted (it may round up what was asked).
 func (s *Session) TTL() time.Duration { return s.ttl }
+
+// inherits reports whether key, found under the session's lease before
+// a lock placed its own, is a hold of the process that used the lease
+// before (WithLease): then its place and token are not the lock's to take
+// over. A key a cleanup of this session left is not.
+func (s *Session) inherits(key string) bool {
+	if !s.adopted.Load() {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.inherited[key]; ok {
+		return v
+	}
+	return s.inheritAll
+}
+
+// disinherit forgets key as inherited: it is gone, or a lock of the
+// session put it anew.
+func (s *Session) disinherit(key string) {
+	if !s.adopted.Load() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inheritAll {
+		s.inherited[key] = false
+	} else {
+		delete(s.inherited, key)
+	}
+}
 
 // Expiry returns the time until which the session's lease is known to
 // live: the send time of the newest renewal etcd confirmed (or of the

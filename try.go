@@ -6,6 +6,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -25,9 +26,8 @@ func (set *multiSet) try(ctx context.Context, q *queue, _ KeyMode, val string) (
 // tryAcquire takes a hold in mode only if it is admitted at once, and
 // writes nothing otherwise. It is admitted if its rule admits it behind
 // every key of the queue (a rule that admits me behind everyone admits me
-// at my place). A key found under the session's lease is removed first,
-// as Lock removes it (placeKey): a hold that may have been used, not
-// this one's.
+// at my place), or, for this session's own leftover key in the same mode,
+// at that key's place.
 func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
 	// A read-only Txn answers "held" without a Raft write or a new
 	// revision. etcd sends any Txn with a Put through Raft even when its
@@ -39,16 +39,18 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 	}
 	backoff := minBackoff
 	for changed := 0; changed < 5; {
-		read, err := q.tryRead(ctx, mode, resp)
+		me, read, err := q.tryRead(ctx, mode, val, resp)
 		if again, rerr := q.tryAgain(ctx, err, &backoff, &changed, first, &resp); again || rerr != nil {
 			if rerr != nil {
 				return 0, nil, false, rerr
 			}
 			continue
 		}
-		if read.own != nil {
-			// A key under our lease before this Try: not its own.
-			if err := q.removeFound(ctx, read.own.CreateRevision); err != nil {
+		if read.own != nil && q.s.inherits(q.key) {
+			// A hold of the process that used the lease before
+			// (WithLease): not this Try's to take over at its place
+			// with its token (see placeKey). Removed, its record left.
+			if err := q.removeInherited(ctx, read.own.CreateRevision); err != nil {
 				return 0, nil, false, err
 			}
 			if resp, err = q.tryReadTxn(ctx, first); err != nil {
@@ -63,12 +65,30 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			_ = q.startDelays(ctx, read.delays)
 			return 0, nil, false, ErrLocked
 		}
+		if read.own != nil && me.rev == 0 {
+			// Our leftover in another mode would be admitted behind
+			// everyone: remove it and place a new key (Invariant K: it is
+			// never Put in another mode).
+			if err := q.remove(ctx, read.own.CreateRevision); err != nil {
+				return 0, nil, false, err
+			}
+			if resp, err = q.tryReadTxn(ctx, first); err != nil {
+				return 0, nil, false, err
+			}
+			changed++
+			continue
+		}
 		tresp, err := q.tryPut(ctx, val, read, first)
 		if err != nil {
 			return 0, nil, false, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
 		}
 		if tresp.Succeeded {
 			rev := tresp.Header.Revision
+			if read.own != nil {
+				rev = read.own.CreateRevision
+			} else {
+				q.s.disinherit(q.key)
+			}
 			if err := ctx.Err(); err != nil {
 				return 0, nil, false, q.fail(ctx, rev, err)
 			}
@@ -133,13 +153,20 @@ func (q *queue) tryReadTxn(ctx context.Context, first []clientv3.Op) (*clientv3.
 // queue's first page, this session's own key, the lock's delay records). me is the Try's
 // entry: at its own key's place when that key is in mode (val), else
 // behind everyone (rev 0).
-func (q *queue) tryRead(ctx context.Context, mode KeyMode, resp *clientv3.TxnResponse) (queueRead, error) {
-	me := entry{key: q.key, mode: mode} // behind everyone
-	read, err := q.scan(ctx, me, resp.Responses[tryQueue].GetResponseRange(), rangeAt(resp.Responses, tryDelays), resp.Header)
+func (q *queue) tryRead(ctx context.Context, mode KeyMode, val string, resp *clientv3.TxnResponse) (me entry, _ queueRead, _ error) {
+	var own *mvccpb.KeyValue
 	if kvs := resp.Responses[tryOwn].GetResponseRange().Kvs; len(kvs) > 0 {
-		read.own = kvs[0]
+		own = kvs[0]
 	}
-	return read, err
+	me = entry{key: q.key, mode: mode}
+	if own != nil && string(own.Value) == val {
+		// This session's own key in this mode, left by a cleanup that
+		// could not reach etcd: judge it at its place.
+		me.rev = own.CreateRevision
+	}
+	read, err := q.scan(ctx, me, resp.Responses[tryQueue].GetResponseRange(), rangeAt(resp.Responses, tryDelays), resp.Header)
+	read.own = own
+	return me, read, err
 }
 
 // The slots of a Try's read-only Txn (and of tryPut's Else, the same
@@ -158,8 +185,17 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 	// Admitted at the read's revision: every page was read at it (see
 	// pager). Take it only if nothing under the prefix changed since:
 	// a waiter that queued in between must keep its turn.
-	// (The read found no key of ours: tryAcquire removed it first.)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(q.pfx), "<", read.rev+1).WithPrefix()}
+	if read.own != nil {
+		// At its place: keys ahead only leave, and fewer keys ahead
+		// never turn admitted into blocked. Bind the key to the
+		// session's lease again (it may be bound to a WithMaxHold
+		// lease); a Put keeps its create revision.
+		cmps = []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(q.key), "=", read.own.CreateRevision),
+			clientv3.Compare(clientv3.Value(q.key), "=", val),
+		}
+	}
 	then := []clientv3.Op{put}
 	if q.opts.records() {
 		// A hold taken and ended without Unlock since the read leaves no
@@ -168,7 +204,11 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(q.delayPfx()), "<", read.rev+1).WithPrefix())
 		// Admitted if the guard holds: the hold's delay record goes in
 		// the same Txn (see place), at the key's create revision.
-		then = append(then, clientv3.OpPut(delayKey(q.key), q.recordValue(0)))
+		token := int64(0)
+		if read.own != nil {
+			token = read.own.CreateRevision
+		}
+		then = append(then, clientv3.OpPut(delayKey(q.key), q.recordValue(token)))
 	}
 	wctx, cancel := q.writeCtx(ctx)
 	defer cancel()
