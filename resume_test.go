@@ -179,3 +179,21 @@ func TestResumedHoldWithoutKeyList(t *testing.T) {
 	require.Equal(t, resp.Header.Revision, m2.Token())
 	require.NoError(t, m2.Unlock(ctx))
 }
+
+// An Election campaigns through the same queue: a candidate that resumes
+// its predecessor's lease leads again with a new term, a larger token.
+func TestResumedCampaignIsANewTerm(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	old := newSession(t, cli)
+	e := etcdlock.NewElection(old, name)
+	require.NoError(t, e.Campaign(t.Context(), "a"))
+	oldToken := e.Token()
+
+	e2 := etcdlock.NewElection(adopt(t, cli, old), name)
+	require.NoError(t, e2.Campaign(t.Context(), "a"))
+	require.Greater(t, e2.Token(), oldToken, "the new term carries the old one's token")
+	require.Equal(t, []string{e2.Key()}, keys(t, cli, name))
+	require.NoError(t, e2.Resign(t.Context()))
+}
