@@ -858,19 +858,20 @@ func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer
 	kill.Stop()
 	defer kill.Stop()
 	// stop stops CMD by at: SIGTERM now and SIGKILL at, or SIGKILL now if
-	// at has come. A second call only brings SIGKILL forward.
-	stop := func(why string, at time.Time) {
+	// at has come. A second call only brings SIGKILL forward. now is when
+	// the caller read the clock to choose at.
+	stop := func(why string, now, at time.Time) {
 		switch {
 		case killed || (!killAt.IsZero() && !at.Before(killAt)):
 			fmt.Fprintf(stderr, "etcdlock: %s; %s is being stopped\n", why, cmdName)
-		case !time.Now().Before(at):
+		case !now.Before(at):
 			fmt.Fprintf(stderr, "etcdlock: %s; sending %s SIGKILL\n", why, cmdName)
 			ch.kill()
 			killed = true
 		case termAt.IsZero():
-			fmt.Fprintf(stderr, "etcdlock: %s; sending it SIGTERM (SIGKILL in %s if it still runs)\n", why, fmtDur(time.Until(at)))
+			fmt.Fprintf(stderr, "etcdlock: %s; sending it SIGTERM (SIGKILL in %s if it still runs)\n", why, fmtDur(at.Sub(now)))
 			ch.stop()
-			termAt = time.Now()
+			termAt = now
 			fallthrough
 		default:
 			killAt = at
@@ -888,16 +889,18 @@ loop:
 			if err := m.Err(); lostErr == nil || stoppedEarly {
 				lostErr = cmp.Or(err, etcdlock.ErrLockLost)
 			}
-			stop(fmt.Sprintf("lost %s while %s ran (%s)", held, cmdName, detail(lostErr)), minTime(time.Now().Add(grace), killBy()))
+			now := time.Now()
+			stop(fmt.Sprintf("lost %s while %s ran (%s)", held, cmdName, detail(lostErr)), now, minTime(now.Add(grace), killBy()))
 		case <-r.renewed:
 			ch.deadline(killBy().Add(lead))
 		case <-jeopardy.C:
-			if at := killBy().Add(-grace); time.Now().Before(at) {
+			now := time.Now()
+			if at := killBy().Add(-grace); now.Before(at) {
 				jeopardy.Reset(time.Until(at)) // renewed since
 				continue
 			}
 			switch {
-			case time.Now().Before(killBy().Add(lead)): // the supervisor's deadline
+			case now.Before(killBy().Add(lead)): // the supervisor's deadline
 				stoppedEarly = stoppedEarly || (termAt.IsZero() && !killed)
 			case lostErr == nil:
 				// Too late to stop CMD in time: etcdlock itself was
@@ -906,9 +909,11 @@ loop:
 				lostErr = fmt.Errorf("%w: the lease may have expired before etcdlock could stop %s (etcdlock was paused or starved)", etcdlock.ErrSessionExpired, cmdName)
 			}
 			stop(fmt.Sprintf("etcd has not confirmed a renewal of the lease for %s, and %s can pass on %s from now (--ttl %s): %s must be gone by then",
-				fmtDur(time.Since(r.s.Expiry().Add(-r.s.TTL()))), held, fmtDur(max(0, time.Until(r.s.Expiry()))), r.s.TTL(), cmdName), killBy())
+				fmtDur(now.Sub(r.s.Expiry().Add(-r.s.TTL()))), held, fmtDur(max(0, r.s.Expiry().Sub(now))), r.s.TTL(), cmdName), now, killBy())
 		case <-kill.C:
-			fmt.Fprintf(stderr, "etcdlock: %s still runs %s after SIGTERM; sending it SIGKILL\n", cmdName, fmtDur(time.Since(termAt)))
+			// The wait planned, not the one measured: a timer may fire a
+			// hair early or late.
+			fmt.Fprintf(stderr, "etcdlock: %s still runs %s after SIGTERM; sending it SIGKILL\n", cmdName, fmtDur(killAt.Sub(termAt)))
 			ch.kill()
 			killed = true
 		case <-asked:
