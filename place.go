@@ -133,8 +133,8 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 // (placedPut) and reads the newest keys of the queue (placedQueue), and,
 // for a lock with a delay, the lock's delay records (placedDelays) and the
 // nested Txn that writes the hold's record (placedRecord). Its Else is one
-// nested Txn (kept), whose Then keeps our key of the same mode (placeKey
-// keeps it only after its first join: see there): the put,
+// nested Txn (kept), whose Then keeps our key of the same mode (unless
+// it is inherited with the lease: see placeKey): the put,
 // the key (keptKey), the queue (keptQueue), the records (keptDelays); and
 // whose Else reads the key left in another mode (leftKey).
 const (

@@ -362,8 +362,11 @@ func (s *Session) disinherit(key string) {
 	defer s.mu.Unlock()
 	if s.inheritAll {
 		s.inherited[key] = false
-	} else {
-		delete(s.inherited, key)
+		return
+	}
+	delete(s.inherited, key)
+	if len(s.inherited) == 0 {
+		s.adopted.Store(false) // none left: no lock to take to ask
 	}
 }
 
