@@ -239,7 +239,7 @@ func TestSeam2MaxHoldCancelOnRequest(t *testing.T) {
 	hooks, ends := holdEnds()
 	m := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithHooks(hooks)), name,
 		etcdlock.WithMaxHold(time.Minute), etcdlock.WithCancelOnRequest())
-	in := make(chan struct{})
+	in, checked := make(chan struct{}), make(chan struct{})
 	var cause error
 	errc := make(chan error, 1)
 	go func() {
@@ -247,6 +247,9 @@ func TestSeam2MaxHoldCancelOnRequest(t *testing.T) {
 			close(in)
 			<-ctx.Done()
 			cause = context.Cause(ctx)
+			// The hold, and the request with it, last until the test has
+			// read the request: fn's return releases them.
+			<-checked
 			return nil
 		})
 	}()
@@ -257,6 +260,7 @@ func TestSeam2MaxHoldCancelOnRequest(t *testing.T) {
 	maxLease := q.Holders()[0].Lease
 	require.NoError(t, etcdlock.RequestRelease(t.Context(), cli, name))
 	resp, err := cli.Get(t.Context(), etcdlock.ReleaseRequestPrefix+m.Key())
+	close(checked)
 	require.NoError(t, err)
 	require.Len(t, resp.Kvs, 1)
 	require.Equal(t, int64(maxLease), resp.Kvs[0].Lease, "the request is bound to the hold key's lease")
