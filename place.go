@@ -107,18 +107,8 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 			// happen short of a misuse of the lease.
 			return 0, nil, nil, false, nil, q.fail(ctx, 0, errorf("key %s keeps its other mode", q.key))
 		}
-		found := leftKey
-		if in.Succeeded {
-			found = keptKey
-		}
-		if old := in.Responses[found].GetResponseRange().Kvs; len(old) > 0 {
-			remove := q.remove
-			if inherited {
-				remove = q.removeInherited
-			}
-			if err := remove(ctx, old[0].CreateRevision); err != nil {
-				return 0, nil, nil, false, nil, err
-			}
+		if err := q.removeFound(ctx, in, inherited); err != nil {
+			return 0, nil, nil, false, nil, err
 		}
 	}
 	if rs := resp.Responses; resp.Succeeded {
@@ -321,6 +311,24 @@ func (q *queue) remove(ctx context.Context, rev int64) error {
 		return nil
 	}
 	return errorf("remove %s after failed lock: %w", q.key, err)
+}
+
+// removeFound removes the key that place's Else (in) found: kept in the
+// same mode (keptKey) or left in another (leftKey); an inherited one as
+// removeInherited does, a leftover as remove does.
+func (q *queue) removeFound(ctx context.Context, in *pb.TxnResponse, inherited bool) error {
+	found := leftKey
+	if in.Succeeded {
+		found = keptKey
+	}
+	old := in.Responses[found].GetResponseRange().Kvs
+	switch {
+	case len(old) == 0:
+		return nil
+	case inherited:
+		return q.removeInherited(ctx, old[0].CreateRevision)
+	}
+	return q.remove(ctx, old[0].CreateRevision)
 }
 
 // removeInherited deletes the key inherited with the session's adopted

@@ -253,24 +253,7 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 	}
 
 	id := o.lease
-	// The keys attached to the lease are a hold's of the process that
-	// used it before: none of them is taken over (see inherits). The
-	// leader answers once it has applied all that was committed, so an
-	// acknowledged Put is among them. A user who may not read one of
-	// them is answered without keys: then every key found is taken as
-	// inherited.
-	all := false
-	resp, err := retry(ctx, transient, func(ctx context.Context) (*clientv3.LeaseTimeToLiveResponse, error) {
-		if all {
-			return cli.TimeToLive(ctx, id)
-		}
-		resp, err := cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys())
-		if refused(err) {
-			all = true
-			return cli.TimeToLive(ctx, id)
-		}
-		return resp, err
-	})
+	resp, inherited, all, err := lookUpAdopted(ctx, cli, id)
 	if err != nil {
 		return startedLease{}, errorf("look up lease %x: %w", id, started(err))
 	}
@@ -296,14 +279,35 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 		releaseLease(lk)
 		return startedLease{}, errorf("renew lease %x: %w", id, started(err))
 	}
-	st := startedLease{id: id, key: lk, ttl: time.Duration(resp.GrantedTTL) * time.Second, deadline: sent.Add(time.Duration(ka.TTL) * time.Second), inheritAll: all}
-	if len(resp.Keys) > 0 {
-		st.inherited = make(map[string]bool, len(resp.Keys))
-		for _, k := range resp.Keys {
-			st.inherited[string(k)] = true
+	return startedLease{id: id, key: lk, ttl: time.Duration(resp.GrantedTTL) * time.Second, deadline: sent.Add(time.Duration(ka.TTL) * time.Second), inherited: inherited, inheritAll: all}, nil
+}
+
+// lookUpAdopted looks up the lease a session adopts (WithLease), with the
+// keys attached to it: holds of the process that used it before, none of
+// which is taken over (see inherits). The leader answers once it has
+// applied all that was committed, so an acknowledged Put is among them. A
+// user who may not read one of them is answered without keys (all): then
+// every key found is taken as inherited.
+func lookUpAdopted(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID) (resp *clientv3.LeaseTimeToLiveResponse, inherited map[string]bool, all bool, err error) {
+	resp, err = retry(ctx, transient, func(ctx context.Context) (*clientv3.LeaseTimeToLiveResponse, error) {
+		if all {
+			return cli.TimeToLive(ctx, id)
 		}
+		resp, err := cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys())
+		if refused(err) {
+			all = true
+			return cli.TimeToLive(ctx, id)
+		}
+		return resp, err
+	})
+	if err != nil || len(resp.Keys) == 0 {
+		return resp, nil, all, err
 	}
-	return st, nil
+	inherited = make(map[string]bool, len(resp.Keys))
+	for _, k := range resp.Keys {
+		inherited[string(k)] = true
+	}
+	return resp, inherited, all, nil
 }
 
 // startErr is the error of a start that failed with err: ctx's or the

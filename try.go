@@ -46,33 +46,20 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			}
 			continue
 		}
-		if read.own != nil && q.s.inherits(q.key) {
-			// A hold of the process that used the lease before
-			// (WithLease): not this Try's to take over at its place
-			// with its token (see placeKey). Removed, its record left.
-			if err := q.removeInherited(ctx, read.own.CreateRevision); err != nil {
-				return 0, nil, false, err
-			}
-			if resp, err = q.tryReadTxn(ctx, first); err != nil {
-				return 0, nil, false, err
-			}
-			changed++
-			continue
-		}
-		if len(read.blockers) > 0 {
+		// A key inherited with an adopted lease is not this Try's to take
+		// over (see placeKey), blocked or not: it goes first.
+		inherited := read.own != nil && q.s.inherits(q.key)
+		if len(read.blockers) > 0 && !inherited {
 			// A Try starts a pending lock delay, or no Try would ever
 			// end it. If it fails, a later Try or Lock starts it.
 			_ = q.startDelays(ctx, read.delays)
 			return 0, nil, false, ErrLocked
 		}
-		if read.own != nil && me.rev == 0 {
+		if inherited || (read.own != nil && me.rev == 0) {
 			// Our leftover in another mode would be admitted behind
 			// everyone: remove it and place a new key (Invariant K: it is
 			// never Put in another mode).
-			if err := q.remove(ctx, read.own.CreateRevision); err != nil {
-				return 0, nil, false, err
-			}
-			if resp, err = q.tryReadTxn(ctx, first); err != nil {
+			if resp, err = q.dropOwn(ctx, read.own.CreateRevision, inherited, first); err != nil {
 				return 0, nil, false, err
 			}
 			changed++
@@ -147,6 +134,21 @@ func (q *queue) tryReadTxn(ctx context.Context, first []clientv3.Op) (*clientv3.
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// dropOwn removes the key of this session's that a Try found (rev): a
+// hold inherited with an adopted lease, its delay record left
+// (removeInherited), or a leftover in another mode (remove). Then it
+// reads first again.
+func (q *queue) dropOwn(ctx context.Context, rev int64, inherited bool, first []clientv3.Op) (*clientv3.TxnResponse, error) {
+	remove := q.remove
+	if inherited {
+		remove = q.removeInherited
+	}
+	if err := remove(ctx, rev); err != nil {
+		return nil, err
+	}
+	return q.tryReadTxn(ctx, first)
 }
 
 // tryRead judges a Try from resp, the answer to its read-only Txn (the
