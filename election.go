@@ -25,6 +25,9 @@ type Leader struct {
 	Lease    clientv3.LeaseID // the lease the leader's key is bound to
 	Token    int64            // the leader key's create revision: the leader's fencing token
 	Revision int64            // the etcd revision this observation is true at
+	// The leader key's mod revision and version: they change with every
+	// Proclaim (the version counts the key's writes since its creation).
+	ModRevision, Version int64
 }
 
 // same reports whether l and m say the same: the same leader (or none)
@@ -36,7 +39,7 @@ func (l Leader) same(m Leader) bool {
 // leaderOf is the Leader that kv, the oldest key of an election, makes at
 // revision rev.
 func leaderOf(kv *mvccpb.KeyValue, rev int64) Leader {
-	return Leader{Key: string(kv.Key), Value: kv.Value, Lease: clientv3.LeaseID(kv.Lease), Token: kv.CreateRevision, Revision: rev}
+	return Leader{Key: string(kv.Key), Value: kv.Value, Lease: clientv3.LeaseID(kv.Lease), Token: kv.CreateRevision, Revision: rev, ModRevision: kv.ModRevision, Version: kv.Version}
 }
 
 // An Election is a fair leader election on etcd: a Mutex whose holder, the
@@ -528,7 +531,7 @@ func (o *observer) step(ctx context.Context, rev int64, evs []*clientv3.Event) e
 		case string(ev.Kv.Key) != o.cur.Key:
 			// A candidate behind the leader joined, left or changed.
 		case ev.Type == mvccpb.PUT && ev.Kv.CreateRevision == o.cur.Token:
-			next.Value, next.Lease, next.Revision = ev.Kv.Value, clientv3.LeaseID(ev.Kv.Lease), rev
+			next = leaderOf(ev.Kv, rev)
 		default:
 			reread = true // the leader's key went (or was created anew)
 		}

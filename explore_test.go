@@ -1764,13 +1764,14 @@ func (x *schedule) checkLeader(l etcdlock.Leader) {
 	var want etcdlock.Leader
 	for _, kv := range resp.Kvs {
 		if name, ok := etcdlock.LockOfKey(string(kv.Key)); ok && name == x.name {
-			want = etcdlock.Leader{Key: string(kv.Key), Value: kv.Value, Lease: clientv3.LeaseID(kv.Lease), Token: kv.CreateRevision}
+			want = etcdlock.Leader{Key: string(kv.Key), Value: kv.Value, Lease: clientv3.LeaseID(kv.Lease), Token: kv.CreateRevision, ModRevision: kv.ModRevision, Version: kv.Version}
 			break
 		}
 	}
-	if want.Key != l.Key || want.Token != l.Token || string(want.Value) != string(l.Value) || want.Lease != l.Lease {
-		x.violation("Observe yielded %s (token %d, %q) at revision %d, where etcd's leader was %s (token %d, %q)",
-			l.Key, l.Token, l.Value, l.Revision, want.Key, want.Token, want.Value)
+	if want.Key != l.Key || want.Token != l.Token || string(want.Value) != string(l.Value) || want.Lease != l.Lease ||
+		want.ModRevision != l.ModRevision || want.Version != l.Version {
+		x.violation("Observe yielded %s (token %d, %q, mod revision %d, version %d) at revision %d, where etcd's leader was %s (token %d, %q, mod revision %d, version %d)",
+			l.Key, l.Token, l.Value, l.ModRevision, l.Version, l.Revision, want.Key, want.Token, want.Value, want.ModRevision, want.Version)
 	}
 }
 
