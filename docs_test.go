@@ -148,7 +148,7 @@ func excerptOf(block []string, bodies map[string][]string) string {
 // TestDocsGoBlocks checks that every Go block of the docs is an excerpt of
 // an Example or a TestDocs function, so that it compiles and runs.
 func TestDocsGoBlocks(t *testing.T) {
-	bodies := checkedBodies(t, ".", "etcdlockprom", "etcdlockotel", "etcdlockgocron", "etcdlocksql")
+	bodies := checkedBodies(t, ".", "concurrency", "etcdlockprom", "etcdlockotel", "etcdlockgocron", "etcdlocksql")
 	require.NotEmpty(t, bodies)
 	checked := 0
 	for _, page := range docPages(t) {
@@ -164,7 +164,7 @@ func TestDocsGoBlocks(t *testing.T) {
 			}
 			if excerptOf(block, bodies) == "" {
 				t.Errorf("%v: this Go block is not an excerpt (whole lines, in order) of any Example or TestDocs function "+
-					"of the root package, etcdlockprom, etcdlockotel, etcdlockgocron or etcdlocksql: copy it from one, or write one that runs it. It begins:\n\t%s",
+					"of the root package, concurrency, etcdlockprom, etcdlockotel, etcdlockgocron or etcdlocksql: copy it from one, or write one that runs it. It begins:\n\t%s",
 					b, strings.Join(b.text[:min(3, len(b.text))], "\n\t"))
 			}
 		}
