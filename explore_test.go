@@ -496,6 +496,9 @@ type schedule struct {
 	leaders []etcdlock.Leader         // what Observe yielded
 	obsDone chan struct{}             // closed when the observer returned
 	adopted map[clientv3.LeaseID]bool // leases an actor adopted (a violation of its own)
+	// restarted is, by lease, the revision at which an actor restarted
+	// with it (restart): keys created up to it are the old holds'.
+	restarted map[int64]int64
 	// requests counts the release requests begun (RequestRelease), and
 	// requestsDone those that returned; asks are the holds current
 	// throughout one, which must be told.
@@ -526,8 +529,11 @@ type actor struct {
 	sessions []*etcdlock.Session
 	p        prim
 	held     *belief // guarded by mu
-	op       *inflight
-	turn     chan struct{} // Do's fn returns when it is closed
+	// resumes is the hold a had when it last restarted (restart), until
+	// it takes a new one.
+	resumes *belief
+	op      *inflight
+	turn    chan struct{} // Do's fn returns when it is closed
 }
 
 // A belief is a hold an actor believes it has.
@@ -575,13 +581,14 @@ func (x *schedule) violation(format string, args ...any) {
 func runSchedule(t *testing.T, c *etcdtest.Cluster, k *exploreKind, seed uint64) delayMet {
 	x := &schedule{
 		t: t, c: c, k: k, seed: seed,
-		rng:      rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		name:     fmt.Sprintf("explore/%s/m%d/%d", k.name, c.Size(), seed),
-		lost:     make(map[*belief]time.Time),
-		asks:     make(map[*belief]time.Time),
-		adopted:  make(map[clientv3.LeaseID]bool),
-		returned: make(map[int64]bool),
-		running:  make(map[string]bool),
+		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		name:      fmt.Sprintf("explore/%s/m%d/%d", k.name, c.Size(), seed),
+		lost:      make(map[*belief]time.Time),
+		asks:      make(map[*belief]time.Time),
+		adopted:   make(map[clientv3.LeaseID]bool),
+		returned:  make(map[int64]bool),
+		restarted: make(map[int64]int64),
+		running:   make(map[string]bool),
 	}
 	x.names = []string{x.name}
 	if k.names != nil {
@@ -753,8 +760,12 @@ func (x *schedule) step(step int) {
 }
 
 // adopt has a try to make a session on another actor's live lease: it
-// must be refused.
+// must be refused. Or, one time in two, a restarts (restart).
 func (x *schedule) adopt(step int, a *actor, d draws) {
+	if d.pick2%2 == 0 {
+		x.restart(step, a)
+		return
+	}
 	b := x.actors[d.pick%len(x.actors)]
 	b.mu.Lock()
 	bs := b.s
@@ -778,6 +789,41 @@ func (x *schedule) adopt(step int, a *actor, d draws) {
 	// Any error will do: the refusal (ErrInvalidOption), or etcd's,
 	// when a fault hits the lease's lookup, or the lease was revoked a
 	// moment ago.
+}
+
+// restart is a's process dying without a word and starting again with
+// its lease (WithLease), as etcd's package documents for a restart: its
+// session is orphaned, its keys stay under the lease, and a new session
+// adopts it. A hold a takes then is a new hold: it must never carry the
+// token of the hold it resumes (finish checks), or that hold's late
+// writes would pass a fence as the new one's.
+func (x *schedule) restart(step int, a *actor) {
+	a.mu.Lock()
+	s, held := a.s, a.held
+	a.mu.Unlock()
+	if s == nil || s.Err() != nil {
+		x.logf("step %d: a%d: (no live session to restart)", step, a.id)
+		return
+	}
+	s.Orphan()
+	ctx, cancel := context.WithTimeout(x.ctx, 10*time.Second)
+	ns, err := etcdlock.NewSession(ctx, a.cli, etcdlock.WithLease(s.Lease()))
+	cancel()
+	x.logf("step %d: a%d: restart: Orphan, NewSession(WithLease(%x)): %v", step, a.id, int64(s.Lease()), err)
+	if err != nil {
+		return // a fault, or the lease went: a's next operation starts anew
+	}
+	rev := x.revision()
+	x.mu.Lock()
+	x.restarted[int64(ns.Lease())] = rev
+	x.mu.Unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.s, a.sessions = ns, append(a.sessions, ns)
+	a.p = x.k.mk(ns, x.name, a.id)
+	if held != nil {
+		a.resumes = held
+	}
 }
 
 // start starts op on a, in a goroutine.
@@ -914,7 +960,11 @@ func (x *schedule) finish(a *actor, f *inflight, err error) {
 			// a request made since it began is its own.
 			b.reqs = min(b.reqs, a.held.reqs)
 		}
-		a.held = b
+		if r := a.resumes; r != nil && b.token <= r.token && slices.ContainsFunc(b.keys, func(k string) bool { return slices.Contains(r.keys, k) }) {
+			x.violation("a%d's %s after a restart holds %v with token %d, not larger than the token %d of the hold it resumed",
+				a.id, f.name, b.keys, b.token, r.token)
+		}
+		a.held, a.resumes = b, nil
 	}
 	a.mu.Unlock()
 	x.logf("  a%d: %s returned %v", a.id, f.name, err)
@@ -1874,7 +1924,10 @@ func (x *schedule) teardown() {
 		left = left[:0]
 		if err == nil {
 			for _, kv := range resp.Kvs {
-				if id, ok := leases[kv.Lease]; ok {
+				// A key of a hold before a restart stays with the lease
+				// until a lock of its name or the session's end takes it
+				// (WithLease): no actor here locks again.
+				if id, ok := leases[kv.Lease]; ok && kv.CreateRevision > x.restarted[kv.Lease] {
 					left = append(left, fmt.Sprintf("%s (a%d)", kv.Key, id))
 				}
 			}
