@@ -103,7 +103,10 @@ func WithTTL(d time.Duration) SessionOption {
 // minimum hold and lock delay are waited out, and joins the queue behind
 // whoever queued since, with a larger token. Uncontended, a restarted
 // process thus holds its lock again at once, and the old hold's late
-// writes are refused by every fence. A lease must never be used by two
+// writes are refused by every fence. A key left under the lease that no
+// lock of the new session takes stays queued (and holds, if it is first)
+// while the session keeps the lease alive: lock and unlock each name the
+// old process held, or end the session. A lease must never be used by two
 // processes at once.
 func WithLease(id clientv3.LeaseID) SessionOption {
 	return func(o *sessionOptions) error {
