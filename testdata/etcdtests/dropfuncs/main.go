@@ -4,7 +4,7 @@
 // with go/format, so that every other line stays as it was. The run
 // script in the directory above uses it on its temporary copy of etcd's
 // tests, to leave out tests that cannot compile against etcdlock's
-// package.
+// package. A file left with nothing but imports is removed.
 //
 //	go build -o dropfuncs dropfuncs/main.go && ./dropfuncs FILE NAME...
 //
@@ -59,6 +59,12 @@ func run(file string, names []string) error {
 	if len(drop) > 0 {
 		return fmt.Errorf("%s has no top-level function %v", file, keys(drop))
 	}
+	if onlyImports(kept) {
+		// What is left would be imports that nothing uses, whose names a
+		// guess may miss: the file goes whole.
+		fmt.Printf("dropfuncs: nothing is left of %s: removed\n", file)
+		return os.Remove(file)
+	}
 
 	// An import goes only if the dropped functions used it and nothing
 	// left does. Its name is its alias, or a guess from its path: a wrong
@@ -93,6 +99,15 @@ func run(file string, names []string) error {
 		return err
 	}
 	return os.WriteFile(file, out, 0o644)
+}
+
+func onlyImports(decls []ast.Decl) bool {
+	for _, d := range decls {
+		if gd, ok := d.(*ast.GenDecl); !ok || gd.Tok != token.IMPORT {
+			return false
+		}
+	}
+	return true
 }
 
 // qualifiers returns the identifiers used as X in X.Sel within decls.
