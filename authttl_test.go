@@ -37,14 +37,8 @@ func TestAuthTokenExpiry(t *testing.T) {
 		t.Skip("etcd 3.4 with the newest etcd client: the client hangs once its token has expired (docs/operations.md, Permissions)")
 	}
 	root := c.Client(t)
-	_, err := root.RoleAdd(ctx, "locker")
-	require.NoError(t, err)
-	_, err = root.RoleGrantPermission(ctx, "locker", pfx, clientv3.GetPrefixRangeEnd(pfx), clientv3.PermissionType(clientv3.PermReadWrite))
-	require.NoError(t, err)
-	_, err = root.UserAdd(ctx, "alice", "alice-pw")
-	require.NoError(t, err)
-	_, err = root.UserGrantRole(ctx, "alice", "locker")
-	require.NoError(t, err)
+	require.NoError(t, etcdtest.AddUser(ctx, root, "alice", "alice-pw", "locker",
+		etcdtest.Grant{Prefix: pfx, Perm: clientv3.PermissionType(clientv3.PermReadWrite)}))
 	require.NoError(t, etcdtest.EnableAuth(ctx, root, "root-pw"))
 	alice := func() *clientv3.Client {
 		return c.Client(t, clientv3.Config{Username: "alice", Password: "alice-pw"})
@@ -129,14 +123,8 @@ func TestObserveLeaderRefused(t *testing.T) {
 	ctx := t.Context()
 	c := etcdtest.Start(t, 1)
 	root := c.Client(t)
-	_, err := root.RoleAdd(ctx, "elsewhere")
-	require.NoError(t, err)
-	_, err = root.RoleGrantPermission(ctx, "elsewhere", "other/", clientv3.GetPrefixRangeEnd("other/"), clientv3.PermissionType(clientv3.PermReadWrite))
-	require.NoError(t, err)
-	_, err = root.UserAdd(ctx, "bob", "bob-pw")
-	require.NoError(t, err)
-	_, err = root.UserGrantRole(ctx, "bob", "elsewhere")
-	require.NoError(t, err)
+	require.NoError(t, etcdtest.AddUser(ctx, root, "bob", "bob-pw", "elsewhere",
+		etcdtest.Grant{Prefix: "other/", Perm: clientv3.PermissionType(clientv3.PermReadWrite)}))
 	require.NoError(t, etcdtest.EnableAuth(ctx, root, "root-pw"))
 	bob := c.Client(t, clientv3.Config{Username: "bob", Password: "bob-pw"})
 

@@ -136,16 +136,9 @@ func TestResumedHoldWithoutKeyList(t *testing.T) {
 	ctx := t.Context()
 	c := etcdtest.Start(t, 1)
 	root := c.Client(t)
-	_, err := root.RoleAdd(ctx, "locker")
-	require.NoError(t, err)
-	_, err = root.RoleGrantPermission(ctx, "locker", "locks/", clientv3.GetPrefixRangeEnd("locks/"), clientv3.PermissionType(clientv3.PermReadWrite))
-	require.NoError(t, err)
-	_, err = root.RoleGrantPermission(ctx, "locker", "wo/", clientv3.GetPrefixRangeEnd("wo/"), clientv3.PermissionType(clientv3.PermWrite))
-	require.NoError(t, err)
-	_, err = root.UserAdd(ctx, "carol", "carol-pw")
-	require.NoError(t, err)
-	_, err = root.UserGrantRole(ctx, "carol", "locker")
-	require.NoError(t, err)
+	require.NoError(t, etcdtest.AddUser(ctx, root, "carol", "carol-pw", "locker",
+		etcdtest.Grant{Prefix: "locks/", Perm: clientv3.PermissionType(clientv3.PermReadWrite)},
+		etcdtest.Grant{Prefix: "wo/", Perm: clientv3.PermissionType(clientv3.PermWrite)}))
 	require.NoError(t, etcdtest.EnableAuth(ctx, root, "root-pw"))
 	cli := c.Client(t, clientv3.Config{Username: "carol", Password: "carol-pw"})
 
@@ -154,7 +147,7 @@ func TestResumedHoldWithoutKeyList(t *testing.T) {
 	m := etcdlock.NewMutex(old, name)
 	require.NoError(t, m.Lock(ctx))
 	// A key carol may write but not read, on the same lease.
-	_, err = cli.Put(ctx, "wo/x", "v", clientv3.WithLease(old.Lease()))
+	_, err := cli.Put(ctx, "wo/x", "v", clientv3.WithLease(old.Lease()))
 	require.NoError(t, err)
 	_, err = cli.TimeToLive(ctx, old.Lease(), clientv3.WithAttachedKeys())
 	if err == nil {

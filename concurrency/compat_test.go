@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/concurrency"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 )
 
 // session returns a Session of this package on cli, closed when t ends.
@@ -161,4 +163,42 @@ func TestErrors(t *testing.T) {
 	require.NoError(t, m.Unlock(ctx))
 	_ = etcd.ErrLocked
 	_ = etcdlock.ErrLocked
+}
+
+// What etcd's TestElectionWithAuthEnabled is about, without its orphaned
+// sessions (which this package refuses, see Orphan): users whose roles
+// cover only their own prefix campaign, twice each on one election, and
+// the second candidate of each leads once the first resigns.
+func TestCampaignWithPrefixRoles(t *testing.T) {
+	ctx := t.Context()
+	c := etcdtest.Start(t, 1)
+	root := c.Client(t)
+	rw := clientv3.PermissionType(clientv3.PermReadWrite)
+	require.NoError(t, etcdtest.AddUser(ctx, root, "user1", "123", "role1", etcdtest.Grant{Prefix: "/foo1", Perm: rw}))
+	require.NoError(t, etcdtest.AddUser(ctx, root, "user2", "456", "role2", etcdtest.Grant{Prefix: "/bar1", Perm: rw}))
+	require.NoError(t, etcdtest.EnableAuth(ctx, root, "root-pw"))
+	for _, u := range []struct{ user, password, pfx string }{{"user1", "123", "/foo1/a"}, {"user2", "456", "/bar1/b"}} {
+		cli := c.Client(t, clientv3.Config{Username: u.user, Password: u.password})
+		first := concurrency.NewElection(session(t, cli, concurrency.WithTTL(10)), u.pfx)
+		require.NoError(t, first.Campaign(ctx, "first"), u.user)
+		second := concurrency.NewElection(session(t, cli, concurrency.WithTTL(10)), u.pfx)
+		won := make(chan error, 1)
+		go func() { won <- second.Campaign(ctx, "second") }()
+		// The second candidate's key is queued behind the first's.
+		require.Eventually(t, func() bool {
+			resp, err := cli.Get(ctx, u.pfx+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			return err == nil && resp.Count == 2
+		}, 10*time.Second, 10*time.Millisecond)
+		select {
+		case err := <-won:
+			t.Fatalf("%s: the second candidate won while the first led: %v", u.user, err)
+		default:
+		}
+		require.NoError(t, first.Resign(ctx))
+		require.NoError(t, <-won)
+		lr, err := second.Leader(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "second", string(lr.Kvs[0].Value))
+		require.NoError(t, second.Resign(ctx))
+	}
 }

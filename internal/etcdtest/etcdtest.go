@@ -405,6 +405,30 @@ func EnableAuth(ctx context.Context, cli *clientv3.Client, rootPassword string) 
 	return err
 }
 
+// A Grant is what a role may do under a prefix.
+type Grant struct {
+	Prefix string
+	Perm   clientv3.PermissionType
+}
+
+// AddUser creates role with grants and user with password in it, through
+// root (a client allowed to, before EnableAuth).
+func AddUser(ctx context.Context, root *clientv3.Client, user, password, role string, grants ...Grant) error {
+	if _, err := root.RoleAdd(ctx, role); err != nil {
+		return err
+	}
+	for _, g := range grants {
+		if _, err := root.RoleGrantPermission(ctx, role, g.Prefix, clientv3.GetPrefixRangeEnd(g.Prefix), g.Perm); err != nil {
+			return err
+		}
+	}
+	if _, err := root.UserAdd(ctx, user, password); err != nil {
+		return err
+	}
+	_, err := root.UserGrantRole(ctx, user, role)
+	return err
+}
+
 // FreePort returns a port, free now on every address, that this process
 // has not returned before. The caller (etcd, a proxy) binds it a moment
 // later, so the port must not be taken meanwhile: ports come from below
