@@ -80,9 +80,10 @@ func env(tb testing.TB, members int) *bench.Env {
 }
 
 // benchScenario runs the scenario called name on one member and on three,
-// each time for this library then for etcd's Mutex: with -count, the two
-// alternate. Under -short, the scenarios not marked Short (fifo-1000) are
-// skipped.
+// each time for this library, then for etcd's Mutex, then for this
+// module's concurrency package where the scenario runs for it: with
+// -count, they alternate. Under -short, the scenarios not marked Short
+// (fifo-1000) are skipped.
 //
 // ns/op, B/op and allocs/op are per operation of the scenario (for the
 // FIFO queues, per handoff, although b.N counts queues drained); B/op and
@@ -98,7 +99,7 @@ func benchScenario(b *testing.B, name string) {
 				b.Skip("skipped under -short")
 			}
 			e := env(b, members)
-			for _, impl := range bench.Impls {
+			for _, impl := range bench.AllImpls {
 				if !sc.RunsFor(impl.Name) {
 					continue
 				}
@@ -176,7 +177,7 @@ func benchOneMember(b *testing.B, name string) {
 		b.Fatalf("no scenario %q", name)
 	}
 	e := env(b, 1)
-	for _, impl := range bench.Impls {
+	for _, impl := range bench.AllImpls {
 		if sc.RunsFor(impl.Name) {
 			b.Run("impl="+impl.Name, func(b *testing.B) { runScenario(b, e, sc, impl) })
 		}

@@ -2,7 +2,10 @@
 // concurrency.Mutex, its RWMutex with etcd's recipe RWMutex, and its
 // Semaphore with its own Mutex, on the same etcd (server processes started by
 // internal/etcdtest, fsync on), from one process, one implementation after
-// the other, on one member or three.
+// the other, on one member or three. The scenarios of a Mutex and of an
+// Election (uncontended, trylock-held, contend-…, fifo-…, elect-…) also
+// run for this module's concurrency package, etcd's API on our queue
+// (Compat, "etcdlock-compat"), which should cost what our own API costs.
 //
 // The scenarios are shared by the package's benchmarks and by the compare
 // command (go run ./bench/cmd/compare), which alternates the two

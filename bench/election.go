@@ -13,6 +13,8 @@ import (
 	"github.com/etcdlock/etcdlock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	compat "github.com/etcdlock/etcdlock/concurrency"
 )
 
 // The election scenarios compare this module's Election with etcd's
@@ -32,6 +34,7 @@ var electionScenarios = []Scenario{
 	{
 		Name: "elect-uncontended", Unit: "Campaign+Resign", Short: true, N: 100, ShortN: 20,
 		Targets:  []Target{RatioAtMost(1.0), RPCsEqual(2)},
+		Impls:    withCompat,
 		Baseline: "etcd Election",
 		Run: uncontendedOf("elect-uncontended", func(s Session, name string) func(context.Context) error {
 			m := electionMutex{newElection(s, name)}
@@ -41,6 +44,7 @@ var electionScenarios = []Scenario{
 	{
 		Name: "elect-handoff-4", Unit: "acquisition", Short: true, N: 100, ShortN: 20,
 		Targets:  []Target{RatioAtMost(0.15)},
+		Impls:    withCompat,
 		Baseline: "etcd Election",
 		Run: contendWith("elect-handoff-4", 4, 1, func(s Session, name string) Mutex {
 			return electionMutex{newElection(s, name)}
@@ -48,12 +52,14 @@ var electionScenarios = []Scenario{
 	},
 	{
 		Name: "elect-observe-10-p50", Unit: "observed change", Short: true, N: 50, ShortN: 10,
+		Impls:    withCompat,
 		Baseline: "etcd Election",
 		Run:      observeLatency("elect-observe-10-p50", 10, 0.5),
 	},
 	{
 		Name: "elect-observe-10-p99", Unit: "observed change", Short: true, N: 50, ShortN: 10,
 		Targets:  []Target{RatioAtMost(0.2)},
+		Impls:    withCompat,
 		Baseline: "etcd Election",
 		Run:      observeLatency("elect-observe-10-p99", 10, 0.99),
 	},
@@ -74,6 +80,8 @@ func newElection(s Session, name string) election {
 		return etcdlock.NewElection(s.Session, name)
 	case etcdSession:
 		return concurrency.NewElection(s.Session, name)
+	case compatSession:
+		return compat.NewElection(s.Session, name)
 	}
 	panic(fmt.Sprintf("bench: no election for %T", s))
 }
@@ -105,17 +113,26 @@ func observeLeaders(ctx context.Context, s Session, cli *clientv3.Client, name s
 		}
 		return nil
 	case etcdSession:
-		for resp := range concurrency.NewElection(s.Session, name).Observe(ctx) {
-			if len(resp.Kvs) > 0 {
-				seen(string(resp.Kvs[0].Key))
-			}
-		}
-		if ctx.Err() == nil {
-			return errors.New("bench: etcd's Observe ended")
-		}
-		return nil
+		return observeResponses(ctx, "etcd's", concurrency.NewElection(s.Session, name).Observe(ctx), seen)
+	case compatSession:
+		return observeResponses(ctx, "the concurrency package's", compat.NewElection(s.Session, name).Observe(ctx), seen)
 	}
 	return fmt.Errorf("bench: no observer for %T", s)
+}
+
+// observeResponses calls seen with the key of each leader that an
+// Observe channel of etcd's API reports, until the channel closes, which
+// is an error unless ctx ended. whose names the API in the error.
+func observeResponses(ctx context.Context, whose string, ch <-chan *clientv3.GetResponse, seen func(key string)) error {
+	for resp := range ch {
+		if len(resp.Kvs) > 0 {
+			seen(string(resp.Kvs[0].Key))
+		}
+	}
+	if ctx.Err() == nil {
+		return fmt.Errorf("bench: %s Observe ended", whose)
+	}
+	return nil
 }
 
 // A leaderChange is one handoff the observers are waiting to see.

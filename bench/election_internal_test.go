@@ -6,15 +6,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestElectionScenarios runs the election scenarios, small, for both
-// implementations, so that their harness is checked without running the
-// benchmarks.
+// TestElectionScenarios runs the election scenarios, small, for every
+// implementation (the concurrency package's too), so that their harness
+// is checked without running the benchmarks.
 func TestElectionScenarios(t *testing.T) {
 	env, err := NewEnv(t.TempDir(), 1)
 	require.NoError(t, err)
 	t.Cleanup(env.Close)
 
-	for _, impl := range Impls {
+	for _, impl := range AllImpls {
 		t.Run(impl.Name, func(t *testing.T) {
 			for _, name := range []string{"elect-uncontended", "elect-handoff-4", "elect-observe-10-p99"} {
 				sc, ok := Lookup(name)

@@ -17,11 +17,12 @@ import (
 // own error.
 var ErrLocked = errors.New("bench: lock is held by another session")
 
-// An Impl is one of the mutex implementations compared. Both use the key
-// name/<lease ID in hex>, so a waiter of either can be seen queueing by
+// An Impl is one of the mutex implementations compared. All use the key
+// name/<lease ID in hex>, so a waiter of any can be seen queueing by
 // reading that key.
 type Impl struct {
-	// Name is "etcdlock" or "etcd", as in benchmark names and tables.
+	// Name is "etcdlock", "etcd" or "etcdlock-compat", as in benchmark
+	// names and tables.
 	Name string
 	// NewSession grants a lease on cli and keeps it alive until Close.
 	NewSession func(ctx context.Context, cli *clientv3.Client) (Session, error)
@@ -103,8 +104,13 @@ var Etcd = Impl{
 	},
 }
 
-// Impls are the implementations compared, ours first.
+// Impls are the implementations compared, ours first: a scenario runs for
+// both unless it names its own (Scenario.Impls).
 var Impls = []Impl{Etcdlock, Etcd}
+
+// AllImpls are every implementation a scenario may name: Impls, then
+// Compat, in the order the compare command and the benchmarks run them.
+var AllImpls = []Impl{Etcdlock, Etcd, Compat}
 
 type etcdlockSession struct{ *etcdlock.Session }
 

@@ -31,7 +31,8 @@ type Scenario struct {
 	// stopped around what is measured. Run returns an error when the
 	// lock misbehaved: two holders at once, or waiters served out of order.
 	Run func(ctx context.Context, env *Env, impl Impl, n int, timer Timer) (Result, error)
-	// Impls names the implementations the scenario runs for; nil: all.
+	// Impls names the implementations the scenario runs for; nil: those
+	// of Impls (etcdlock and etcd).
 	Impls []string
 	// Versus, when set, is the result that ratios and targets compare ours
 	// with, instead of the other implementation in this scenario: for
@@ -58,7 +59,10 @@ func (sc Scenario) Refs() []Ref {
 
 // RunsFor reports whether sc runs for the implementation called impl.
 func (sc Scenario) RunsFor(impl string) bool {
-	return sc.Impls == nil || slices.Contains(sc.Impls, impl)
+	if sc.Impls == nil {
+		return slices.ContainsFunc(Impls, func(i Impl) bool { return i.Name == impl })
+	}
+	return slices.Contains(sc.Impls, impl)
 }
 
 // Theirs returns what sc's results for ours are compared with.
@@ -74,36 +78,43 @@ var Scenarios = []Scenario{
 	{
 		Name: "uncontended", Unit: "Lock+Unlock", Short: true, N: 100, ShortN: 20,
 		Targets: []Target{RatioAtMost(1.0), RPCsEqual(2)},
+		Impls:   withCompat,
 		Run:     uncontended,
 	},
 	{
 		Name: "trylock-held", Unit: "TryLock", Short: true, N: 200, ShortN: 40,
 		Targets: []Target{RatioAtMost(0.25), RPCsEqual(1), RevsEqual(0)},
+		Impls:   withCompat,
 		Run:     tryLockHeld,
 	},
 	{
 		Name: "contend-4", Unit: "acquisition", Short: true, N: 100, ShortN: 20,
 		Targets: []Target{RatioAtMost(0.15)},
+		Impls:   withCompat,
 		Run:     contend(4),
 	},
 	{
 		Name: "contend-16", Unit: "acquisition", Short: true, N: 100, ShortN: 20,
 		Targets: []Target{RatioAtMost(0.15)},
+		Impls:   withCompat,
 		Run:     contend(16),
 	},
 	{
 		Name: "fifo-50", Unit: "handoff", Short: true, N: 1, ShortN: 1,
 		Targets: []Target{RatioAtMost(0.6), RPCsAtMost(2)},
+		Impls:   withCompat,
 		Run:     fifo(50),
 	},
 	{
 		Name: "fifo-300", Unit: "handoff", Short: false, N: 1, ShortN: 1,
 		Targets: []Target{RatioAtMost(0.75), RPCsAtMost(2)},
+		Impls:   withCompat,
 		Run:     fifo(300),
 	},
 	{
 		Name: "fifo-1000", Unit: "handoff", Short: false, N: 1, ShortN: 1,
 		Targets: []Target{RatioAtMost(0.8), RPCsAtMost(2), ConstantMemory(1.5)},
+		Impls:   withCompat,
 		Run:     fifo(1000),
 	},
 	{

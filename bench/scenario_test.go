@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,27 +12,32 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// TestScenarios runs every kind of scenario, small, for both
-// implementations, so that the benchmarks' harness is checked (with -race
-// in CI) without running the benchmarks.
+// TestScenarios runs every kind of scenario, small, for every
+// implementation (the concurrency package's too), so that the benchmarks'
+// harness is checked (with -race in CI) without running the benchmarks.
 func TestScenarios(t *testing.T) {
 	env, err := NewEnv(t.TempDir(), 1)
 	require.NoError(t, err)
 	t.Cleanup(env.Close)
 
-	for _, impl := range Impls {
+	for _, impl := range AllImpls {
 		t.Run(impl.Name, func(t *testing.T) {
 			r, err := uncontended(t.Context(), env, impl, 3, nil)
 			require.NoError(t, err)
 			require.EqualValues(t, 3, r.Ops)
 			require.Positive(t, r.Elapsed)
-			// Both Mutexes take one write to lock and one to unlock.
+			// Every Mutex takes one write to lock and one to unlock.
 			require.Equal(t, 2.0, r.RPCsPerOp())
 			require.Equal(t, 2.0, r.RevsPerOp())
 
 			r, err = tryLockHeld(t.Context(), env, impl, 3, nil)
 			require.NoError(t, err)
 			require.EqualValues(t, 3, r.Ops)
+			if impl.Name != Etcd.Name {
+				// etcdlock's queue: one read, no write.
+				require.Equal(t, 1.0, r.RPCsPerOp())
+				require.Equal(t, 0.0, r.RevsPerOp())
+			}
 
 			r, err = contend(3)(t.Context(), env, impl, 6, nil)
 			require.NoError(t, err)
@@ -248,4 +254,19 @@ func TestCheckOrder(t *testing.T) {
 	require.NoError(t, checkOrderWithin([]string{"l/c", "l/a", "l/b"}, keys, 2))
 	require.ErrorContains(t, checkOrderWithin([]string{"l/a", "l/a", "l/c"}, keys, 2), "not the queue's")
 	require.ErrorContains(t, checkOrderWithin([]string{"l/a", "l/c"}, keys, 2), "2 waiters got the lock, want 3")
+}
+
+// TestCompatScenarios: the concurrency package runs in the scenarios of a
+// Mutex and of an Election, beside etcdlock's own API, and in none that
+// needs what etcd's API lacks (its sessions have no RWMutex or Semaphore).
+func TestCompatScenarios(t *testing.T) {
+	var ran []string
+	for _, sc := range append(slices.Clone(Scenarios), ScaleScenarios...) {
+		if sc.RunsFor(Compat.Name) {
+			require.True(t, sc.RunsFor(Etcdlock.Name), sc.Name)
+			ran = append(ran, sc.Name)
+		}
+	}
+	require.Equal(t, []string{"uncontended", "trylock-held", "contend-4", "contend-16", "fifo-50", "fifo-300", "fifo-1000",
+		"elect-uncontended", "elect-handoff-4", "elect-observe-10-p50", "elect-observe-10-p99"}, ran)
 }
