@@ -1,7 +1,9 @@
 // Command compare runs the bench scenarios for this library's Mutex and
 // etcd's concurrency.Mutex on one etcd (server processes), alternating the two over
 // rounds, and prints one table of medians with the ratio of our time to
-// etcd's and whether each target is met.
+// etcd's and whether each target is met. The scenarios of a Mutex and of an
+// Election also run for this module's concurrency package
+// (etcdlock-compat), and a second table sets it beside etcdlock's own API.
 //
 //	go run ./bench/cmd/compare -members 1 -rounds 5
 //
@@ -9,7 +11,7 @@
 //
 //	-members n     members of the etcd cluster: 1 or 3 (default 1)
 //	-rounds n      rounds; each runs every scenario once per implementation,
-//	               in alternating order (default 5)
+//	               each implementation first in turn (default 5)
 //	-scenarios re  run only the scenarios whose name matches re
 //	-short         fewer operations per round, and none of the slow
 //	               scenarios (fifo-300, fifo-1000, sem-fifo-1000, waiters-…)
@@ -25,6 +27,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"regexp"
@@ -127,14 +130,14 @@ func measure(ctx context.Context, members, rounds int, short bool, scenarios []b
 				n = sc.ShortN
 			}
 			var impls []bench.Impl
-			for _, impl := range bench.Impls {
+			for _, impl := range bench.AllImpls {
 				if sc.RunsFor(impl.Name) {
 					impls = append(impls, impl)
 				}
 			}
-			if round%2 == 1 {
-				slices.Reverse(impls) // neither always goes first
-			}
+			// Each goes first in turn: with two, they alternate.
+			k := round % len(impls)
+			impls = append(impls[k:], impls[:k]...)
 			for _, impl := range impls {
 				rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 				r, err := sc.Run(rctx, env, impl, n, nil)
@@ -146,7 +149,7 @@ func measure(ctx context.Context, members, rounds int, short bool, scenarios []b
 					res[sc.Name] = make(map[string][]bench.Result)
 				}
 				res[sc.Name][impl.Name] = append(res[sc.Name][impl.Name], r)
-				fmt.Fprintf(os.Stderr, "round %d/%d  %-13s %-9s %10s/%s  %5.2f rpcs/op  %5.2f revs/op\n",
+				fmt.Fprintf(os.Stderr, "round %d/%d  %-13s %-15s %10s/%s  %5.2f rpcs/op  %5.2f revs/op\n",
 					round+1, rounds, sc.Name, impl.Name, duration(r.NsPerOp()), sc.Unit, r.RPCsPerOp(), r.RevsPerOp())
 			}
 		}
@@ -205,6 +208,7 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 		}
 	}
 	tw.Flush()
+	printCompat(w, scenarios, res)
 	if len(versus) > 0 {
 		fmt.Fprintf(w, "\n%s\n", strings.Join(versus, "\n"))
 	}
@@ -224,17 +228,76 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\timpl\twaiters measured\tclient B\tof which heap\tof which stack\tgoroutines\tgrowth")
 	for _, sc := range queues {
-		for _, impl := range []string{ours, bench.Etcd.Name} {
-			if !sc.RunsFor(impl) {
+		for _, impl := range bench.AllImpls {
+			if !sc.RunsFor(impl.Name) {
 				continue
 			}
-			q := bench.Summarize(res[sc.Name][impl]).Queue
+			q := bench.Summarize(res[sc.Name][impl.Name]).Queue
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\n",
-				sc.Name, impl, q.Waiters, q.ClientHeap+q.Stack, q.ClientHeap, q.Stack, q.Goroutines, q.Growth)
+				sc.Name, impl.Name, q.Waiters, q.ClientHeap+q.Stack, q.ClientHeap, q.Stack, q.Goroutines, q.Growth)
 		}
 	}
 	tw.Flush()
 	printServer(w, servers, res)
+}
+
+// printCompat prints, for the scenarios that ran for the concurrency
+// package, its figures beside etcdlock's own API's: the claim is that
+// they are the same RPCs and revisions, and level times. Rounds run both
+// close together, so the ratio within each round is printed too.
+func printCompat(w io.Writer, scenarios []bench.Scenario, res results) {
+	compat, ours := bench.Compat.Name, bench.Etcdlock.Name
+	var ran []bench.Scenario
+	for _, sc := range scenarios {
+		if sc.RunsFor(compat) && sc.RunsFor(ours) {
+			ran = append(ran, sc)
+		}
+	}
+	if len(ran) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n%s (the concurrency package: etcd's API on etcdlock) vs etcdlock's own API, medians [min-max]\n", compat)
+	fmt.Fprintf(w, "ratio = compat time / etcdlock's; per round = median [min-max] of that ratio within each round\n\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\tper\tcompat time/op\tetcdlock time/op\tratio\tper round\tcompat / theirs\trpcs/op compat|etcdlock\trevs/op compat|etcdlock\tallocs/op compat|etcdlock")
+	var splits []string
+	for _, sc := range ran {
+		c, o := bench.Summarize(res[sc.Name][compat]), bench.Summarize(res[sc.Name][ours])
+		ref := sc.Theirs()
+		t := bench.Summarize(res[ref.Scenario][ref.Impl])
+		med, lo, hi := roundRatios(res[sc.Name][compat], res[sc.Name][ours])
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3f\t%.3f [%.3f-%.3f]\t%.3f\t%.2f | %.2f\t%.2f | %.2f\t%.0f | %.0f\n",
+			sc.Name, sc.Unit, timeRange(c), timeRange(o), bench.Ratio(c, o), med, lo, hi, bench.Ratio(c, t),
+			c.RPCsPerOp, o.RPCsPerOp, c.RevsPerOp, o.RevsPerOp, c.AllocsPerOp, o.AllocsPerOp)
+		if c.ReleasePerOp > 0 && o.ReleasePerOp > 0 {
+			splits = append(splits, fmt.Sprintf("%s: compat %s + %s, etcdlock %s + %s", sc.Name,
+				duration(c.ReleasePerOp), duration(c.NsPerOp-c.ReleasePerOp), duration(o.ReleasePerOp), duration(o.NsPerOp-o.ReleasePerOp)))
+		}
+	}
+	tw.Flush()
+	if len(splits) > 0 {
+		fmt.Fprintf(w, "\nper handoff, release + admission (medians)\n%s\n", strings.Join(splits, "\n"))
+	}
+}
+
+// roundRatios returns the median, least and greatest of a's time per
+// operation over b's, round by round.
+func roundRatios(a, b []bench.Result) (med, lo, hi float64) {
+	n := min(len(a), len(b))
+	if n == 0 {
+		return math.NaN(), math.NaN(), math.NaN()
+	}
+	rs := make([]float64, n)
+	for i := range n {
+		rs[i] = a[i].NsPerOp() / b[i].NsPerOp()
+	}
+	slices.Sort(rs)
+	if n%2 == 1 {
+		med = rs[n/2]
+	} else {
+		med = (rs[n/2-1] + rs[n/2]) / 2
+	}
+	return med, rs[0], rs[n-1]
 }
 
 // printServer prints what the waiters of the scenarios cost the etcd
