@@ -327,3 +327,36 @@ func waitQueued(t *testing.T, cli *clientv3.Client, name, key string, returned <
 		}
 	}
 }
+
+// TestLockAgainAfterLoss: a Mutex whose key someone else deleted (an
+// operator's etcdctl del, a stale Unlock of another process) takes the
+// lock again without an Unlock first, as etcd's does: its TryLock of the
+// free lock puts a new key. This package's waits first until its
+// etcdlock hold has noticed the loss, so that it cannot take the hold for
+// still held.
+func TestLockAgainAfterLoss(t *testing.T) {
+	for _, api := range mutexAPIs {
+		if api.name == "etcdlock" {
+			continue // its contract: Unlock a lost hold before locking again
+		}
+		t.Run(api.name, func(t *testing.T) {
+			ctx := t.Context()
+			cli := client(t)
+			name := "lost-then-locked/" + api.name
+			m, key := api.newMutex(t, client(t), name)
+			require.NoError(t, m.Lock(ctx))
+			_, err := cli.Delete(ctx, key)
+			require.NoError(t, err)
+			if cm, ok := m.(*concurrency.Mutex); ok {
+				select {
+				case <-cm.Etcdlock().Done():
+				case <-ctx.Done():
+					t.Fatal("the loss was never noticed")
+				}
+			}
+			require.NoError(t, m.TryLock(ctx), "TryLock of a free lock, after the hold was lost")
+			require.Equal(t, []string{key}, keysOf(t, cli, name, 0))
+			require.NoError(t, m.Unlock(ctx))
+		})
+	}
+}
