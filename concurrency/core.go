@@ -132,21 +132,42 @@ func (h *hold) isOwner() v3.Cmp {
 // share returns the live hold of c on name, of a leadership or of a
 // lock, or nil if there is none.
 func (c *core) share(name string, leadership bool) *hold {
+	h, _ := c.find(name, leadership)
+	return h
+}
+
+// find returns the live hold of c on name, or the lost one that still
+// keeps the name (until it is released, the etcdlock Session lets no new
+// hold of it queue).
+func (c *core) find(name string, leadership bool) (live, lost *hold) {
 	c.mu.Lock()
 	h := c.holds[name]
 	c.mu.Unlock()
 	if h == nil || (h.e != nil) != leadership {
-		return nil
+		return nil, nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.released || h.token() == 0 {
-		return nil
+	switch {
+	case h.released:
+		return nil, nil
+	case h.token() == 0 || h.m != nil && h.m.Err() != nil || h.e != nil && h.e.Err() != nil:
+		return nil, h
 	}
-	if h.m != nil && h.m.Err() != nil || h.e != nil && h.e.Err() != nil {
-		return nil // lost: a new Lock or Campaign takes the name anew
+	return h, nil
+}
+
+// take returns the live hold of c on name to share, or nil once the name
+// is free to take anew: a lost hold on it is released first, as etcd's
+// would put its key again.
+func (c *core) take(ctx context.Context, name string, leadership bool) (*hold, error) {
+	live, lost := c.find(name, leadership)
+	if lost != nil {
+		if err := lost.release(ctx); err != nil && !errors.Is(err, etcdlock.ErrLockLost) && !errors.Is(err, etcdlock.ErrLockReleased) {
+			return nil, err
+		}
 	}
-	return h
+	return live, nil
 }
 
 // add records a hold just admitted.

@@ -81,7 +81,10 @@ func ResumeElection(s *Session, pfx string, leaderKey string, leaderRev int64) *
 // while it waits, where etcd's may return nil, leader of nothing.
 func (e *Election) Campaign(ctx context.Context, val string) error {
 	c := e.session.core
-	h := c.share(e.name, true)
+	h, err := c.take(ctx, e.name, true)
+	if err != nil {
+		return compatErr(ctx, err)
+	}
 	if h == nil {
 		ee := etcdlock.NewElection(c.es, e.name)
 		if err := ee.Campaign(ctx, val); err != nil {

@@ -360,3 +360,29 @@ func TestLockAgainAfterLoss(t *testing.T) {
 		})
 	}
 }
+
+// The same for a leadership: a Campaign after the leadership was lost
+// (its key deleted) campaigns anew, as etcd's puts its key again; it
+// used to wait for ever without an RPC.
+func TestCampaignAgainAfterLoss(t *testing.T) {
+	ctx := t.Context()
+	cli := client(t)
+	e := concurrency.NewElection(session(t, client(t)), "lost-then-campaigned")
+	require.NoError(t, e.Campaign(ctx, "first"))
+	lost := e.Etcdlock().Done()
+	_, err := cli.Delete(ctx, e.Key())
+	require.NoError(t, err)
+	select {
+	case <-lost:
+	case <-ctx.Done():
+		t.Fatal("the loss was never noticed")
+	}
+	// No one else campaigns: a bound that fails clearly, not a measure.
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, e.Campaign(cctx, "again"), "a Campaign after the loss never took the leadership")
+	lr, err := e.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "again", string(lr.Kvs[0].Value))
+	require.NoError(t, e.Resign(ctx))
+}

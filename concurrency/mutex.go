@@ -68,13 +68,15 @@ func (m *Mutex) lock(ctx context.Context, wait bool) error {
 	held := m.h
 	m.mu.Unlock()
 	c := m.s.core
-	h := c.share(m.name, false)
+	h, err := c.take(ctx, m.name, false)
+	if err != nil {
+		return compatErr(ctx, err)
+	}
 	if h != nil && h == held {
 		return nil // held already: etcd's finds its key and holds
 	}
 	if h == nil {
 		em := etcdlock.NewMutex(c.es, m.name)
-		var err error
 		if wait {
 			err = em.Lock(ctx)
 		} else {
