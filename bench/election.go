@@ -15,6 +15,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	compat "github.com/etcdlock/etcdlock/concurrency"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 )
 
 // The election scenarios compare this module's Election with etcd's
@@ -122,9 +123,10 @@ func observeLeaders(ctx context.Context, s Session, cli *clientv3.Client, name s
 
 // observeResponses calls seen with the key of each leader that an
 // Observe channel of etcd's API reports, until the channel closes, which
-// is an error unless ctx ended. whose names the API in the error.
-func observeResponses(ctx context.Context, whose string, ch <-chan *clientv3.GetResponse, seen func(key string)) error {
-	for resp := range ch {
+// is an error unless ctx ended. whose names the API in the error. (Its
+// element type depends on etcd's version: etcdtest.GetResponses.)
+func observeResponses(ctx context.Context, whose string, ch any, seen func(key string)) error {
+	for resp := range etcdtest.GetResponses(ch) {
 		if len(resp.Kvs) > 0 {
 			seen(string(resp.Kvs[0].Key))
 		}

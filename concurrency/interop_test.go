@@ -14,6 +14,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/concurrency"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 )
 
 // Three APIs take one lock name: this package's, etcdlock's own and
@@ -243,12 +244,13 @@ func checkObserved(t *testing.T, cli *clientv3.Client, name, api string, obs <-c
 }
 
 // fromGetResponses turns an Observe channel of etcd's API into observed
-// leaders.
-func fromGetResponses(ctx context.Context, in <-chan *clientv3.GetResponse) <-chan observed {
+// leaders (etcdtest.GetResponses: its element type depends on etcd's
+// version).
+func fromGetResponses(ctx context.Context, in any) <-chan observed {
 	ch := make(chan observed)
 	go func() {
 		defer close(ch)
-		for resp := range in {
+		for resp := range etcdtest.GetResponses(in) {
 			if len(resp.Kvs) == 0 {
 				continue
 			}
