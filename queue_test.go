@@ -33,7 +33,10 @@ func TestLeftoverSameModeKeepsPlace(t *testing.T) {
 	rev := leftover(t, cli, s, m.Key(), "")
 	before := rpcs.Total()
 	require.NoError(t, m.Lock(t.Context()))
-	require.EqualValues(t, 1, rpcs.Total()-before, "Lock on our own leftover: one RPC")
+	// The Txn that finds our key, and the one that keeps it (place: the
+	// second is asked only in this rare case, so that every other Lock's
+	// request stays half the size).
+	require.EqualValues(t, 2, rpcs.Total()-before, "Lock on our own leftover: two RPCs")
 	require.Equal(t, rev, m.Token(), "the leftover keeps its place")
 	require.NoError(t, m.Unlock(t.Context()))
 
