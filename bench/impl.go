@@ -109,8 +109,9 @@ var Etcd = Impl{
 var Impls = []Impl{Etcdlock, Etcd}
 
 // AllImpls are every implementation a scenario may name: Impls, then
-// Compat, in the order the compare command and the benchmarks run them.
-var AllImpls = []Impl{Etcdlock, Etcd, Compat}
+// Compat, then Floor (no lock: the many-names scenarios' floor), in the
+// order the compare command and the benchmarks run them.
+var AllImpls = []Impl{Etcdlock, Etcd, Compat, Floor}
 
 type etcdlockSession struct{ *etcdlock.Session }
 
