@@ -3,9 +3,10 @@
 // Semaphore with its own Mutex, on the same etcd (server processes started by
 // internal/etcdtest, fsync on), from one process, one implementation after
 // the other, on one member or three. The scenarios of a Mutex and of an
-// Election (uncontended, trylock-held, contend-…, fifo-…, elect-…) also
-// run for this module's concurrency package, etcd's API on our queue
-// (Compat, "etcdlock-compat"), which should cost what our own API costs.
+// Election (uncontended, trylock-held, contend-…, fifo-…, elect-…,
+// many-names-…) also run for this module's concurrency package, etcd's
+// API on our queue (Compat, "etcdlock-compat"), which should cost what
+// our own API costs.
 //
 // The scenarios are shared by the package's benchmarks and by the compare
 // command (go run ./bench/cmd/compare), which alternates the two
@@ -55,6 +56,15 @@
 //   - minhold-uncontended: our Mutex made WithMinHold(1ms), Lock+Unlock
 //     (the release sent by the session once the minimum hold has
 //     passed), compared with our Mutex without one in uncontended.
+//   - many-names-16, many-names-64, many-names-256: a lock per entity. G
+//     goroutines on one Session (one client) each loop Lock+Unlock, every
+//     cycle on a fresh name of its own, none contended;
+//     many-names-…-sessions: the same with a Session per goroutine, all on
+//     one client. Besides the three locks they run Floor, no lock: a Put
+//     of the key with the session's lease, then its Delete, the least a
+//     lock writes per cycle; compare prints every implementation's time
+//     as a multiple of etcd's and of the floor's, and the members' and
+//     the clients' CPU time per cycle. Under -short only the 16 run.
 //
 // The idle command (go run ./bench/cmd/idle) measures something else:
 // what idle sessions cost to keep alive. It runs 100 and 1000 sessions of
@@ -92,7 +102,8 @@
 //	go test -run '^$' -bench . -benchtime 3x -short ./bench/
 //
 // which runs every scenario but the slow ones (fifo-300, fifo-1000,
-// sem-fifo-1000, the waiters-… ones), on one member and on three. The benchmarks report
+// sem-fifo-1000, the waiters-… ones, many-names with 64 and 256
+// goroutines), on one member and on three. The benchmarks report
 // ns/op, B/op and allocs/op per operation (per handoff for the queues,
 // although b.N counts queues) and rpcs/op, keepalives/op, revs/op, acq/s,
 // B/waiter and goroutines/waiter; the waiters-… ones also heap-B/waiter,
