@@ -4,6 +4,9 @@
 // etcd's and whether each target is met. The scenarios of a Mutex and of an
 // Election also run for this module's concurrency package
 // (etcdlock-compat), and a second table sets it beside etcdlock's own API.
+// The many-names scenarios also run the floor, no lock but a Put and a
+// Delete of the key, and a third table prints every implementation's
+// figures as multiples of etcd's and of the floor's.
 //
 //	go run ./bench/cmd/compare -members 1 -rounds 5
 //
@@ -14,7 +17,8 @@
 //	               each implementation first in turn (default 5)
 //	-scenarios re  run only the scenarios whose name matches re
 //	-short         fewer operations per round, and none of the slow
-//	               scenarios (fifo-300, fifo-1000, sem-fifo-1000, waiters-…)
+//	               scenarios (fifo-300, fifo-1000, sem-fifo-1000, waiters-…,
+//	               many-names with 64 and 256 goroutines)
 //
 // Progress goes to standard error, the tables to standard output. The
 // command exits 1 if a scenario fails (two holders at once, FIFO order
@@ -149,7 +153,7 @@ func measure(ctx context.Context, members, rounds int, short bool, scenarios []b
 					res[sc.Name] = make(map[string][]bench.Result)
 				}
 				res[sc.Name][impl.Name] = append(res[sc.Name][impl.Name], r)
-				fmt.Fprintf(os.Stderr, "round %d/%d  %-13s %-15s %10s/%s  %5.2f rpcs/op  %5.2f revs/op\n",
+				fmt.Fprintf(os.Stderr, "round %d/%d  %-23s %-15s %10s/%s  %5.2f rpcs/op  %5.2f revs/op\n",
 					round+1, rounds, sc.Name, impl.Name, duration(r.NsPerOp()), sc.Unit, r.RPCsPerOp(), r.RevsPerOp())
 			}
 		}
@@ -209,6 +213,7 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	}
 	tw.Flush()
 	printCompat(w, scenarios, res)
+	printFloor(w, scenarios, res)
 	if len(versus) > 0 {
 		fmt.Fprintf(w, "\n%s\n", strings.Join(versus, "\n"))
 	}
@@ -278,6 +283,44 @@ func printCompat(w io.Writer, scenarios []bench.Scenario, res results) {
 	if len(splits) > 0 {
 		fmt.Fprintf(w, "\nper handoff, release + admission (medians)\n%s\n", strings.Join(splits, "\n"))
 	}
+}
+
+// printFloor prints, for the scenarios that ran the floor (the
+// many-names ones), every implementation's row, the floor's too: its time
+// per operation as a multiple of etcd's Mutex's and of the floor's, and
+// what an operation costs the etcd members and this process.
+func printFloor(w io.Writer, scenarios []bench.Scenario, res results) {
+	var ran []bench.Scenario
+	for _, sc := range scenarios {
+		if sc.RunsFor(bench.Floor.Name) {
+			ran = append(ran, sc)
+		}
+	}
+	if len(ran) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nevery implementation beside the floor (a Put of the key with the session's lease, then its Delete: the least a lock writes), medians [min-max]\n")
+	fmt.Fprintf(w, "time/op = the window's wall time / operations; x etcd, x floor = time / etcd Mutex's, / the floor's (per round: median [min-max] of that ratio within each round);\n")
+	fmt.Fprintf(w, "cpu/op = CPU time of the etcd members, of this process (the clients); allocs and B of the whole process\n\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\timpl\ttime/op\tx etcd\tper round\tx floor\tper round\tetcd cpu/op\tclient cpu/op\trpcs/op\trevs/op\tallocs/op\tB/op")
+	for _, sc := range ran {
+		etcd, floor := res[sc.Name][bench.Etcd.Name], res[sc.Name][bench.Floor.Name]
+		e, f := bench.Summarize(etcd), bench.Summarize(floor)
+		for _, impl := range bench.AllImpls {
+			if !sc.RunsFor(impl.Name) {
+				continue
+			}
+			rs := res[sc.Name][impl.Name]
+			s := bench.Summarize(rs)
+			em, elo, ehi := roundRatios(rs, etcd)
+			fm, flo, fhi := roundRatios(rs, floor)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.3f\t%.2f [%.2f-%.2f]\t%.3f\t%.2f [%.2f-%.2f]\t%s\t%s\t%.2f\t%.2f\t%.0f\t%.0f\n",
+				sc.Name, impl.Name, timeRange(s), bench.Ratio(s, e), em, elo, ehi, bench.Ratio(s, f), fm, flo, fhi,
+				duration(s.ServerCPUPerOp), duration(s.ClientCPUPerOp), s.RPCsPerOp, s.RevsPerOp, s.AllocsPerOp, s.BytesPerOp)
+		}
+	}
+	tw.Flush()
 }
 
 // roundRatios returns the median, least and greatest of a's time per
