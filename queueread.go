@@ -128,8 +128,22 @@ func (q *queue) scan(ctx context.Context, me entry, r, delays *pb.RangeResponse,
 // create revision of at most maxRev (no bound when 0), as a waiter in mode
 // needs them.
 func (q *queue) opQueue(mode KeyMode, maxRev int64, extra ...clientv3.OpOption) clientv3.Op {
+	if maxRev == 0 && len(extra) == 0 {
+		if mode.Exclusive() {
+			return clientv3.OpGet(q.pfx, firstPageExclusive...)
+		}
+		return clientv3.OpGet(q.pfx, firstPageModes...)
+	}
 	return clientv3.OpGet(q.pfx, append(queueOpts(mode, clientv3.SortDescend, maxRev, 0, false), extra...)...)
 }
+
+// The options of the first page of a queue read without bounds, in an
+// exclusive mode and in the others: every Lock and TryLock reads one, so
+// they are made once (an option only reads what it captures).
+var (
+	firstPageExclusive = queueOpts(KeyMode{}, clientv3.SortDescend, 0, 0, false)
+	firstPageModes     = queueOpts(KeyMode{Shared: true}, clientv3.SortDescend, 0, 0, false)
+)
 
 // queueOpts are the options of a range over the queue in create-revision
 // order, bounded by maxRev and minRev when they are not 0. An exclusive
