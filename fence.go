@@ -38,8 +38,12 @@ func FenceValue(token int64) string { return fmt.Sprintf("%0*d", fenceDigits, to
 // increase from holder to holder. Shared holds (an RWMutex's readers, a
 // Semaphore's permits) hold at once with different tokens: fence their
 // writes only where the older of two may be refused while it still
-// holds. Across locks, a fence orders writers by the revisions at which
-// they acquired.
+// holds. Across locks, a fence orders writers by their tokens, the
+// revisions at which their keys joined their locks' queues, not by when
+// they acquired: a writer that queued for one lock behind a long hold and
+// acquired it last is refused once a writer of another lock that queued
+// after it has written. Writers that must be ordered by acquisition take
+// one lock (or one MultiMutex over the names, whose hold has one token).
 //
 // fenceKey is the program's to choose, outside the library's reserved
 // range (ErrInvalidName), and only FencedWrite writes it: a value it did

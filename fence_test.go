@@ -218,3 +218,32 @@ func requireValue(t *testing.T, cli *clientv3.Client, key, want string) {
 	require.Len(t, resp.Kvs, 1, "key %s", key)
 	require.Equal(t, want, string(resp.Kvs[0].Value), "key %s", key)
 }
+
+// TestFencedWriteAcrossLocksByToken: across locks a fence orders writers
+// by token, the revision at which each joined its lock's queue, as
+// FencedWrite's doc says, not by when they acquired. a queues for lock X
+// behind a holder, then b takes lock Y (a later token) and writes; a,
+// admitted last, is refused: its token is the older.
+func TestFencedWriteAcrossLocksByToken(t *testing.T) {
+	cli := newClient(t)
+	ctx := t.Context()
+	fence, data := fenceKeys(t, cli)
+	x, y := lockName(t)+"-x", lockName(t)+"-y"
+	holder := etcdlock.NewMutex(newSession(t, cli), x)
+	require.NoError(t, holder.Lock(ctx))
+	a := startWaiter(ctx, etcdlock.NewMutex(newSession(t, cli), x))
+	a.waitIdle(t)
+	b := etcdlock.NewMutex(newSession(t, cli), y)
+	require.NoError(t, b.Lock(ctx))
+	_, err := etcdlock.FencedWrite(ctx, cli, fence, b.Token(), clientv3.OpPut(data, "b"))
+	require.NoError(t, err)
+
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, a.result(t, 10*time.Second))
+	require.Less(t, a.m.Token(), b.Token(), "a joined X before b joined Y")
+	_, err = etcdlock.FencedWrite(ctx, cli, fence, a.m.Token(), clientv3.OpPut(data, "a"))
+	require.ErrorIs(t, err, etcdlock.ErrStaleToken, "a acquired after b wrote, but its token is the older")
+	requireValue(t, cli, data, "b")
+	require.NoError(t, a.m.Unlock(ctx))
+	require.NoError(t, b.Unlock(ctx))
+}
