@@ -55,8 +55,9 @@ import (
 // a skipped tick). A hold that outlives d drops its record then, in one
 // RPC of its own, so that a holder that dies later owes nothing. Give the option, with
 // the same d, to every Mutex of the lock: a Mutex without it, etcd's
-// Mutex, `etcdctl lock`, a MultiMutex and an Election read no records,
-// and take the lock within the minimum hold once it is released.
+// Mutex, `etcdctl lock`, a MultiMutex and an Election read no records:
+// a holder that dies within its minimum hold lets them in as soon as its
+// key is gone.
 //
 // With WithLockDelay the record asks for the longer of the two after a
 // hold that ended without Unlock; a clean Unlock leaves only the minimum
