@@ -95,6 +95,7 @@ import (
 	"math"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -160,6 +161,9 @@ Usage:
   etcdlock version                            show the versions of etcdlock, Go
                                               and the etcd client
   etcdlock help [COMMAND]                     show help
+
+Connection flags (--endpoints, --user, ...: 'etcdlock help status') may also
+come before the command, as etcdctl takes them.
 
 Locks are keys NAME/<lease ID in hex>, the layout of 'etcdctl lock': both tools
 share lock names. Waiters get the lock first come, first served; a holder that
@@ -235,6 +239,10 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, mainUsage)
 		return exitWith(exitUsage)
 	}
+	args, err := leadingConnFlags(args)
+	if err != nil {
+		return err
+	}
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "demo":
 		return cmdDemo(rest, stdout, stderr)
@@ -265,6 +273,46 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 	default:
 		return usageErr("", "unknown command %q", cmd)
 	}
+}
+
+// leadingConnFlags moves connection flags given before the command, as
+// etcdctl takes them ('etcdlock --endpoints X status NAME'), to after it,
+// where every command that connects parses them. Other arguments are
+// returned as they are.
+func leadingConnFlags(args []string) ([]string, error) {
+	var flags []string
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") && args[0] != "-" && args[0] != "--" {
+		name, _, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		switch {
+		case len(flags) == 0 && slices.Contains([]string{"-h", "-help", "--help", "-version", "--version"}, args[0]):
+			return args, nil
+		case !isConnFlag(name):
+			return nil, usageErr("", "%s before the command: only connection flags may come before it, a command's own flags after it", args[0])
+		case hasValue || name == "insecure-skip-tls-verify":
+			flags, args = append(flags, args[0]), args[1:]
+		case len(args) < 2:
+			return nil, usageErr("", "flag needs an argument: %s", args[0])
+		default:
+			flags, args = append(flags, args[0], args[1]), args[2:]
+		}
+	}
+	if len(flags) == 0 {
+		return args, nil
+	}
+	if len(args) == 0 {
+		return nil, usageErr("", "no command after %s", strings.Join(flags, " "))
+	}
+	return append(append([]string{args[0]}, flags...), args[1:]...), nil
+}
+
+// isConnFlag reports whether name is one of the connection flags.
+func isConnFlag(name string) bool {
+	for _, e := range connEnv {
+		if e.flag == name {
+			return true
+		}
+	}
+	return false
 }
 
 // newFlagSet returns a flag set that reports errors to its caller instead

@@ -906,3 +906,44 @@ func TestProgressLines(t *testing.T) {
 	// One line per change of place, not one per poll.
 	require.Equal(t, 1, strings.Count(stderr, "position 2 of 2"), stderr)
 }
+
+// Connection flags may come before the command, as etcdctl takes them
+// (issue 40): they are moved after it; anything else before it is refused.
+func TestLeadingConnFlags(t *testing.T) {
+	for _, tc := range []struct {
+		in, want []string
+		err      string
+	}{
+		{[]string{"status", "n"}, []string{"status", "n"}, ""},
+		{[]string{"--endpoints", "a:1", "status", "n"}, []string{"status", "--endpoints", "a:1", "n"}, ""},
+		{[]string{"--endpoints=a:1", "--insecure-skip-tls-verify", "--user", "u:p", "ls", "p/"},
+			[]string{"ls", "--endpoints=a:1", "--insecure-skip-tls-verify", "--user", "u:p", "p/"}, ""},
+		{[]string{"-endpoints", "a:1", "run", "n", "--", "true"}, []string{"run", "-endpoints", "a:1", "n", "--", "true"}, ""},
+		{[]string{"--help"}, []string{"--help"}, ""},
+		{[]string{"--version"}, []string{"--version"}, ""},
+		{[]string{"--ttl", "5s", "run", "n"}, nil, "--ttl before the command: only connection flags"},
+		{[]string{"--endpoints", "a:1", "--ttl", "5s", "run", "n"}, nil, "--ttl before the command"},
+		{[]string{"--endpoints"}, nil, "flag needs an argument: --endpoints"},
+		{[]string{"--endpoints", "a:1"}, nil, "no command after --endpoints a:1"},
+	} {
+		got, err := leadingConnFlags(tc.in)
+		if tc.err != "" {
+			require.ErrorContains(t, err, tc.err, "%q", tc.in)
+			continue
+		}
+		require.NoError(t, err, "%q", tc.in)
+		require.Equal(t, tc.want, got, "%q", tc.in)
+	}
+}
+
+// etcdctl's habit, end to end: the connection flags before the command.
+func TestConnFlagsBeforeCommand(t *testing.T) {
+	t.Parallel()
+	name := lockName(t)
+	r := runProc(t, nil, ep(), "status", name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "is free")
+	r = runProc(t, nil, "--endpoints", endpoint, "--command-timeout", "3s", "status", "--json", name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, `"holder": null`)
+}
