@@ -577,7 +577,8 @@ func (r *lockRun) startSession(ctx context.Context) error {
 
 // endSession stops the session's keepalives and revokes its lease, which
 // deletes whatever key of this run is left. The revoke waits at most
-// --command-timeout, and after a loss at most lostCleanupTimeout; if it
+// --command-timeout, and after a loss or the session's end at most
+// lostCleanupTimeout; if it
 // fails, the lease expires within its TTL. (Session.Close would wait up
 // to the TTL.) The revoke also ends with ctx.
 func (r *lockRun) endSession(ctx context.Context) {
@@ -585,7 +586,10 @@ func (r *lockRun) endSession(ctx context.Context) {
 		return
 	}
 	timeout := r.conn.commandTimeout
-	if r.lost {
+	if r.lost || r.s.Err() != nil {
+		// Lost, or the session has ended (its lease ran out unrenewed,
+		// or is gone): the lease expires on its own, and etcd, which did
+		// not answer the renewals, may not answer the revoke either.
 		timeout = min(timeout, lostCleanupTimeout)
 	}
 	if r.minHold > 0 && !r.lost {
