@@ -223,9 +223,16 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		} // else: a message wraps the exitError, and says more than it
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "etcdlock: %s\n", oneLine(err.Error()))
+		fmt.Fprintf(stderr, "etcdlock: %s\n", errLine(err))
 	}
 	return code
+}
+
+// errLine is err's message for the line "etcdlock: ...": one line, where
+// the library's own errors, wrapped ("start a session: etcdlock: session
+// expired"), do not say "etcdlock:" a second time.
+func errLine(err error) string {
+	return strings.ReplaceAll(detail(err), ": etcdlock: ", ": ")
 }
 
 // detail is err's message for the middle of a line of etcdlock's, which

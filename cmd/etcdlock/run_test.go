@@ -947,3 +947,12 @@ func TestConnFlagsBeforeCommand(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, `"holder": null`)
 }
+
+// An error line says "etcdlock:" once, also when it wraps the library's
+// errors, which say it themselves.
+func TestErrLineSaysEtcdlockOnce(t *testing.T) {
+	lib := fmt.Errorf("etcdlock: session expired: %w", errors.New("lease 1 was revoked"))
+	require.Equal(t, "start a session: session expired: lease 1 was revoked", errLine(fmt.Errorf("start a session: %w", lib)))
+	require.Equal(t, "session expired: lease 1 was revoked", errLine(lib))
+	require.Equal(t, "cannot run CMD \"x\": not found", errLine(errors.New("cannot run CMD \"x\": not found")))
+}
