@@ -323,7 +323,7 @@ func (r *lockRun) main(cmdArgs []string, try bool, timeout time.Duration, quiet 
 		return err
 	}
 	// Revokes the lease: whatever is left of this run in etcd goes now.
-	defer r.endSession(context.Background())
+	defer r.endSession(context.Background(), true)
 	if err := r.acquire(try, timeout, quiet); err != nil {
 		return err
 	}
@@ -577,19 +577,21 @@ func (r *lockRun) startSession(ctx context.Context) error {
 
 // endSession stops the session's keepalives and revokes its lease, which
 // deletes whatever key of this run is left. The revoke waits at most
-// --command-timeout, and after a loss or the session's end at most
-// lostCleanupTimeout; if it
+// --command-timeout, and after a loss, or at exit after the session's
+// end, at most lostCleanupTimeout; if it
 // fails, the lease expires within its TTL. (Session.Close would wait up
 // to the TTL.) The revoke also ends with ctx.
-func (r *lockRun) endSession(ctx context.Context) {
+func (r *lockRun) endSession(ctx context.Context, atExit bool) {
 	if r.s == nil {
 		return
 	}
 	timeout := r.conn.commandTimeout
-	if r.lost || r.s.Err() != nil {
-		// Lost, or the session has ended (its lease ran out unrenewed,
-		// or is gone): the lease expires on its own, and etcd, which did
-		// not answer the renewals, may not answer the revoke either.
+	if r.lost || atExit && r.s.Err() != nil {
+		// Lost, or exiting once the session has ended (its lease ran out
+		// unrenewed, or is gone): the lease expires on its own, and etcd,
+		// which did not answer the renewals, may not answer the revoke
+		// either. (A waiter that rejoins waits longer: its old key stays
+		// ahead of its new one until the revoke is done.)
 		timeout = min(timeout, lostCleanupTimeout)
 	}
 	if r.minHold > 0 && !r.lost {
@@ -684,7 +686,7 @@ func (r *lockRun) wait(ctx context.Context, try bool, quiet bool) error {
 			// The lease is revoked, with the key it holds in the queue,
 			// and a new session joins at the back.
 			fmt.Fprintf(r.stderr, "etcdlock: left the queue of %s: %s; rejoining at the back with a new session\n", r.what(), detail(err))
-			r.endSession(ctx)
+			r.endSession(ctx, false)
 			if err := r.restartSession(ctx); err != nil {
 				return err
 			}
