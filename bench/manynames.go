@@ -97,18 +97,8 @@ func manyNames(label string, g int, ownSessions bool) func(context.Context, *Env
 		var taken atomic.Int64 // cycles of the window taken so far
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		var (
-			mu       sync.Mutex
-			firstErr error
-		)
-		fail := func(err error) {
-			mu.Lock()
-			if firstErr == nil {
-				firstErr = err
-			}
-			mu.Unlock()
-			cancel()
-		}
+		failed := &failure{cancel: cancel}
+		fail := failed.fail
 		start := make(chan struct{})
 		var warm, wg sync.WaitGroup
 		for i := range g {
@@ -148,8 +138,8 @@ func manyNames(label string, g int, ownSessions bool) func(context.Context, *Env
 		}
 		close(start)
 		wg.Wait()
-		if firstErr != nil {
-			return Result{}, firstErr
+		if err := failed.first(); err != nil {
+			return Result{}, err
 		}
 		if err := mt.stop(ctx, cycles); err != nil {
 			return Result{}, err

@@ -370,18 +370,8 @@ func contendWith(label string, k int, capacity int64, newLock func(s Session, na
 		)
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		var (
-			mu       sync.Mutex
-			firstErr error
-		)
-		fail := func(err error) {
-			mu.Lock()
-			if firstErr == nil {
-				firstErr = err
-			}
-			mu.Unlock()
-			cancel()
-		}
+		failed := &failure{cancel: cancel}
+		fail := failed.fail
 		var wg sync.WaitGroup
 		for _, s := range ss {
 			m := newLock(s, name)
@@ -414,8 +404,8 @@ func contendWith(label string, k int, capacity int64, newLock func(s Session, na
 			}()
 		}
 		wg.Wait()
-		if firstErr != nil {
-			return Result{}, firstErr
+		if err := failed.first(); err != nil {
+			return Result{}, err
 		}
 		if capacity > 1 && maxInside.Load() < 2 {
 			return Result{}, fmt.Errorf("bench: never more than one holder inside, capacity %d", capacity)
@@ -445,21 +435,11 @@ func rwContend(readers, writers int) func(context.Context, *Env, Impl, int, Time
 
 		name := env.lockName(fmt.Sprintf("rw-%dr%dw", readers, writers), impl)
 		win := newWindow(env, newMeter(env, &cs.rpcs, timer), k, n)
-		var (
-			rInside, wInside atomic.Int64
-			mu               sync.Mutex
-			firstErr         error
-		)
+		var rInside, wInside atomic.Int64
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		fail := func(err error) {
-			mu.Lock()
-			if firstErr == nil {
-				firstErr = err
-			}
-			mu.Unlock()
-			cancel()
-		}
+		failed := &failure{cancel: cancel}
+		fail := failed.fail
 		var wg sync.WaitGroup
 		for i, s := range ss {
 			m := s.NewRWMutex(name)
@@ -496,8 +476,8 @@ func rwContend(readers, writers int) func(context.Context, *Env, Impl, int, Time
 			}()
 		}
 		wg.Wait()
-		if firstErr != nil {
-			return Result{}, firstErr
+		if err := failed.first(); err != nil {
+			return Result{}, err
 		}
 		return win.mt.result(), nil
 	}
@@ -542,4 +522,29 @@ func (w *window) step(ctx context.Context) error {
 		runtime.Gosched() // give an intruder time to show up
 		return nil
 	}
+}
+
+// A failure keeps the first error of a scenario's goroutines, and cancels
+// their context at it, so that the others stop.
+type failure struct {
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	err    error
+}
+
+// fail records err if it is the first, and cancels.
+func (f *failure) fail(err error) {
+	f.mu.Lock()
+	if f.err == nil {
+		f.err = err
+	}
+	f.mu.Unlock()
+	f.cancel()
+}
+
+// first returns the first error recorded, or nil.
+func (f *failure) first() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
 }
