@@ -129,13 +129,6 @@ func (h *hold) isOwner() v3.Cmp {
 	return h.e.IsOwner()
 }
 
-// share returns the live hold of c on name, of a leadership or of a
-// lock, or nil if there is none.
-func (c *core) share(name string, leadership bool) *hold {
-	h, _ := c.find(name, leadership)
-	return h
-}
-
 // find returns the live hold of c on name, or the lost one that still
 // keeps the name (until it is released, the etcdlock Session lets no new
 // hold of it queue).

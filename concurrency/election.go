@@ -58,7 +58,7 @@ func ResumeElection(s *Session, pfx string, leaderKey string, leaderRev int64) *
 		name = n
 	}
 	e := &Election{session: s, name: name, leaderKey: leaderKey, leaderRev: leaderRev}
-	if h := s.core.share(name, true); h != nil && h.key() == leaderKey && h.token() == leaderRev {
+	if h, _ := s.core.find(name, true); h != nil && h.key() == leaderKey && h.token() == leaderRev {
 		e.h, e.hdr = h, h.e.Header()
 	} else {
 		e.resumed = true
