@@ -246,19 +246,17 @@ func (q *queue) quotedPrefixes() []string {
 // create revision is still rev; for a set, each key of the set that still
 // has it. It succeeds when every key had it. A clean release (an
 // Unlock's) deletes the hold's lock delay record with its key; the
-// tidying after a loss leaves it, so that the delay holds.
+// tidying after a loss leaves it, so that the delay holds. It goes to
+// etcd alone, or nested in a batch of the session's releases (batch.go).
 func (q *queue) releaseTxn(ctx context.Context, rev int64, clean bool) (*clientv3.TxnResponse, error) {
 	if q.set == nil {
 		del := []clientv3.Op{clientv3.OpDelete(q.key)}
 		if clean && q.opts.records() {
 			del = append(del, clientv3.OpDelete(delayKey(q.key)))
 		}
-		return q.s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).
-			Then(del...).
-			Commit()
+		return q.s.batch.txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)}, del, nil)
 	}
-	return q.s.cli.Txn(ctx).If(q.ownCmps(rev)...).Then(q.deletes(0)...).Else(q.deletes(rev)...).Commit()
+	return q.s.batch.txn(ctx, q.ownCmps(rev), q.deletes(0), q.deletes(rev))
 }
 
 // sweep is one round of the releaser for a set's hold h, which ended with

@@ -59,6 +59,7 @@ type Session struct {
 	watchCtx context.Context
 	watcher  *sessionWatcher // watches the keys of the session's holds and waiters, on the stream shared by cli's sessions
 	releaser *releaser       // sends the releases that Unlock left to the background
+	batch    *batcher        // sends the releases, in batches when many are in flight
 
 	stop     func()        // stops the keepalive loop
 	loopDone chan struct{} // closed when the keepalive loop returned
@@ -209,6 +210,7 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 	s.adopted.Store(len(s.inherited) > 0 || st.inheritAll)
 	s.watcher = newSessionWatcher(s)
 	s.releaser = newReleaser(s.endCtx)
+	s.batch = newBatcher(s.cli, s.endCtx)
 	go s.keepAlive(ctx, unwatch)
 	return s, nil
 }
@@ -524,6 +526,7 @@ func (s *Session) shutdown() {
 	s.end(SessionClosed, ErrSessionClosed)
 	s.watcher.wait()
 	s.releaser.wait()
+	s.batch.wait()
 }
 
 // end records why the session ended and closes Done, once, and then tells
