@@ -76,3 +76,19 @@ func InSet(value []byte) bool {
 // SetNext returns the name after the lock of a MultiMutex's key, read
 // from its value, round its set.
 func SetNext(value []byte) (string, bool) { return setNext(value) }
+
+// SetReleasesInFlight sets how many of s's releases go to etcd alone at
+// once (releasesInFlight); with 0, every release goes in a batch. Call it
+// before s releases anything.
+func SetReleasesInFlight(s *Session, n int) {
+	s.batch.mu.Lock()
+	s.batch.limit = n
+	s.batch.mu.Unlock()
+}
+
+// ReleasesWaiting returns how many of s's releases wait for a batch.
+func ReleasesWaiting(s *Session) int {
+	s.batch.mu.Lock()
+	defer s.batch.mu.Unlock()
+	return len(s.batch.queue)
+}
