@@ -9,6 +9,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdlock/etcdlock/internal/tuning"
 )
 
 // The session's release batcher: when many of a session's locks are
@@ -75,8 +77,11 @@ type batch struct {
 	left   int // those whose callers gave up waiting; guarded by batcher.mu
 }
 
-func newBatcher(cli *clientv3.Client, end context.Context) *batcher {
-	return &batcher{cli: cli, end: end, limit: releasesInFlight, max: maxBatch}
+// newBatcher returns the batcher of a session made with ctx (NewSession's,
+// which may carry a benchmark's setting: tuning.WithReleasesInFlight); its
+// end is set once the session's is made.
+func newBatcher(ctx context.Context, cli *clientv3.Client) *batcher {
+	return &batcher{cli: cli, limit: tuning.ReleasesInFlight(ctx, releasesInFlight), max: maxBatch}
 }
 
 // txn sends the Txn if cmps then else els, alone or in a batch, and

@@ -175,6 +175,7 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 	if err != nil {
 		return nil, err
 	}
+	batch := newBatcher(ctx, cli)
 	st, err := startLease(ctx, cli, &o)
 	if err != nil {
 		return nil, err
@@ -210,7 +211,8 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 	s.adopted.Store(len(s.inherited) > 0 || st.inheritAll)
 	s.watcher = newSessionWatcher(s)
 	s.releaser = newReleaser(s.endCtx)
-	s.batch = newBatcher(s.cli, s.endCtx)
+	batch.end = s.endCtx
+	s.batch = batch
 	go s.keepAlive(ctx, unwatch)
 	return s, nil
 }

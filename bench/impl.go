@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/tuning"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
@@ -85,6 +87,21 @@ var Etcdlock = Impl{
 	},
 }
 
+// Unbatched is etcdlock whose sessions send every release alone, as before
+// batches (batch.go): the many-names scenarios run it beside etcdlock, to
+// measure what batches gain or cost in the same run.
+var Unbatched = Impl{
+	Name: "etcdlock-unbatched",
+	NewSession: func(ctx context.Context, cli *clientv3.Client) (Session, error) {
+		ctx = tuning.WithReleasesInFlight(ctx, math.MaxInt32)
+		s, err := etcdlock.NewSession(ctx, cli, etcdlock.WithContext(ctx))
+		if err != nil {
+			return nil, err
+		}
+		return etcdlockSession{s}, nil
+	},
+}
+
 // Etcd is etcd's concurrency.Mutex, with default session options.
 var Etcd = Impl{
 	Name: "etcd",
@@ -109,9 +126,10 @@ var Etcd = Impl{
 var Impls = []Impl{Etcdlock, Etcd}
 
 // AllImpls are every implementation a scenario may name: Impls, then
-// Compat, then Floor (no lock: the many-names scenarios' floor), in the
+// Compat, then Floor (no lock: the many-names scenarios' floor), then
+// Unbatched (etcdlock without batched releases), in the
 // order the compare command and the benchmarks run them.
-var AllImpls = []Impl{Etcdlock, Etcd, Compat, Floor}
+var AllImpls = []Impl{Etcdlock, Etcd, Compat, Floor, Unbatched}
 
 type etcdlockSession struct{ *etcdlock.Session }
 

@@ -19,17 +19,19 @@ import (
 // client, in a session's notes; on the server, a deleted key's index entry
 // until compaction), which a service with millions of entities pays.
 //
-//   - many-names-16, many-names-64, many-names-256: the g goroutines share
-//     one Session, on one client;
+//   - many-names-4, many-names-16, many-names-64, many-names-256: the g
+//     goroutines share one Session, on one client (at 4, as many releases
+//     are in flight as a Session sends alone: no batch forms, batch.go);
 //   - many-names-16-sessions, …-64-sessions, …-256-sessions: each
 //     goroutine has a Session of its own, all on the same one client, as a
 //     service that makes a session per worker does. The sessions share the
 //     client's connection and streams, so what differs from the rows above
 //     is the sessions alone.
 //
-// Each runs for etcdlock, etcd's Mutex, the concurrency package, and Floor:
-// a Put of the key with the session's lease, then its Delete, the least any
-// lock on etcd writes per cycle.
+// Each runs for etcdlock, etcd's Mutex, the concurrency package, Floor (a
+// Put of the key with the session's lease, then its Delete, the least any
+// lock on etcd writes per cycle) and Unbatched (etcdlock sending every
+// release alone).
 //
 // An iteration (the n of Run) is g cycles: the goroutines take cycles from
 // one count until n*g are done, and every figure is per cycle (one
@@ -37,6 +39,7 @@ import (
 // warms the connection and the sessions up. After the window, no key may
 // be left under the scenario's names: every Unlock deleted its key.
 var manyNamesScenarios = []Scenario{
+	manyNamesScenario(4, false, false),
 	manyNamesScenario(16, false, true),
 	manyNamesScenario(64, false, false),
 	manyNamesScenario(256, false, false),
@@ -48,7 +51,7 @@ var manyNamesScenarios = []Scenario{
 func init() { Scenarios = append(Scenarios, manyNamesScenarios...) }
 
 // withFloor is Scenario.Impls for the many-names scenarios.
-var withFloor = []string{Etcdlock.Name, Etcd.Name, Compat.Name, Floor.Name}
+var withFloor = []string{Etcdlock.Name, Etcd.Name, Compat.Name, Floor.Name, Unbatched.Name}
 
 // ManyNamesUnit is the Unit of the many-names scenarios: one cycle.
 const ManyNamesUnit = "Lock+Unlock of a name"

@@ -272,6 +272,6 @@ func TestCompatScenarios(t *testing.T) {
 	}
 	require.Equal(t, []string{"uncontended", "trylock-held", "contend-4", "contend-16", "fifo-50", "fifo-300", "fifo-1000",
 		"elect-uncontended", "elect-handoff-4", "elect-observe-10-p50", "elect-observe-10-p99",
-		"many-names-16", "many-names-64", "many-names-256",
+		"many-names-4", "many-names-16", "many-names-64", "many-names-256",
 		"many-names-16-sessions", "many-names-64-sessions", "many-names-256-sessions"}, ran)
 }
