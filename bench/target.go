@@ -159,6 +159,15 @@ func RevsEqual(n float64) Target {
 	}
 }
 
+// RevsAtMost is the goal that our operations consume at most n revisions
+// each.
+func RevsAtMost(n float64) Target {
+	return Target{
+		Text: fmt.Sprintf("revs<=%g", n),
+		Met:  func(ours, _ Summary) bool { return ours.RevsPerOp < n+0.005 },
+	}
+}
+
 // ConstantMemory is the goal that a waiting Mutex's client memory does not
 // grow with the queue: the waiters of the second half of the queue take at
 // most x times what those of the first half took.
