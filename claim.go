@@ -58,7 +58,7 @@ func (q *queue) claim() claim {
 // oneKey is the claim of a single key: every primitive's but a MultiMutex's.
 type oneKey struct{}
 
-func (oneKey) check(q *queue) error { return checkName(q.name) }
+func (oneKey) check(q *queue) error { return checkName(q.lockName()) }
 
 // check refuses a set whose names are wrong (set.err, found when it was
 // made), and the options whose records a set does not write: a pending
@@ -106,7 +106,7 @@ func (q *queue) puts(val string, lease clientv3.LeaseID) []clientv3.Op {
 func (p *queue) partValue(val string) string {
 	parts := p.set.parts
 	i := slices.Index(parts, p)
-	return setLine(parts[(i+1)%len(parts)].name) + val
+	return setLine(parts[(i+1)%len(parts)].lockName()) + val
 }
 
 // deletes returns the deletions of every key of q's set: by name when
@@ -208,12 +208,12 @@ func (set *multiSet) takeWatches(h *hold) []*keyWatch {
 // releaseNames.
 func (q *queue) acquireNames(ctx context.Context, wait bool) error {
 	if q.set == nil {
-		return q.s.acquireName(ctx, q.name, wait)
+		return q.s.acquireName(ctx, q.lockName(), wait)
 	}
 	for i, j := range q.set.order {
-		if err := q.s.acquireName(ctx, q.set.parts[j].name, wait); err != nil {
+		if err := q.s.acquireName(ctx, q.set.parts[j].lockName(), wait); err != nil {
 			for _, k := range q.set.order[:i] {
-				q.s.releaseName(q.set.parts[k].name)
+				q.s.releaseName(q.set.parts[k].lockName())
 			}
 			return err
 		}
@@ -224,11 +224,11 @@ func (q *queue) acquireNames(ctx context.Context, wait bool) error {
 // releaseNames gives back the rights acquireNames took.
 func (q *queue) releaseNames() {
 	if q.set == nil {
-		q.s.releaseName(q.name)
+		q.s.releaseName(q.lockName())
 		return
 	}
 	for _, p := range q.set.parts {
-		q.s.releaseName(p.name)
+		q.s.releaseName(p.lockName())
 	}
 }
 
@@ -237,7 +237,7 @@ func (q *queue) releaseNames() {
 func (q *queue) quotedPrefixes() []string {
 	var pfxs []string
 	for _, p := range q.parts() {
-		pfxs = append(pfxs, strconv.Quote(p.pfx))
+		pfxs = append(pfxs, strconv.Quote(p.prefix()))
 	}
 	return pfxs
 }
@@ -311,7 +311,7 @@ func (q *queue) label() string {
 	if q.set != nil {
 		return q.set.label
 	}
-	return q.name
+	return q.lockName()
 }
 
 // owner returns the queue that owns q's hold: q, or its set's lead.

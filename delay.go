@@ -84,7 +84,7 @@ func WithLockDelay(d time.Duration) MutexOption {
 }
 
 // delayPfx returns the prefix of q's delay records.
-func (q *queue) delayPfx() string { return LockDelayPrefix + q.pfx }
+func (q *queue) delayPfx() string { return LockDelayPrefix + q.prefix() }
 
 // records reports whether a lock's holds write a record and its waiters
 // honour others': with a lock delay or a minimum hold (minhold.go).

@@ -221,7 +221,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	if e.s == nil {
 		return Leader{}, errorf("%w: no Session", ErrSessionExpired)
 	}
-	return CurrentLeader(ctx, e.s.cli, e.name)
+	return CurrentLeader(ctx, e.s.cli, e.lockName())
 }
 
 // Observe is ObserveLeader on e's client and name. It needs no lease: it
@@ -232,7 +232,7 @@ func (e *Election) Observe(ctx context.Context) iter.Seq2[Leader, error] {
 			yield(Leader{}, errorf("%w: no Session", ErrSessionExpired))
 		}
 	}
-	return ObserveLeader(ctx, e.s.cli, e.name)
+	return ObserveLeader(ctx, e.s.cli, e.lockName())
 }
 
 // Done returns a channel closed when the current leadership ends, for any

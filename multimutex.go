@@ -80,7 +80,7 @@ func NewMultiMutex(s *Session, names []string, opts ...MutexOption) *MultiMutex 
 	for i := range set.order {
 		set.order[i] = i
 	}
-	slices.SortFunc(set.order, func(a, b int) int { return strings.Compare(set.parts[a].name, set.parts[b].name) })
+	slices.SortFunc(set.order, func(a, b int) int { return strings.Compare(set.parts[a].lockName(), set.parts[b].lockName()) })
 	return m
 }
 

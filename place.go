@@ -195,7 +195,7 @@ func (q *queue) place(ctx context.Context, mode KeyMode, val string) (*clientv3.
 		// the Txn.) Its create revision is the key's: its token.
 		then = append(then, q.delayOps()[0], clientv3.OpTxn(
 			[]clientv3.Cmp{
-				clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix(),
+				clientv3.Compare(clientv3.CreateRevision(q.prefix()), "=", 0).WithPrefix(),
 				clientv3.Compare(clientv3.CreateRevision(q.delayPfx()), "=", 0).WithPrefix(),
 			},
 			[]clientv3.Op{clientv3.OpPut(delayKey(q.key), q.recordValue(0))}, nil))
@@ -244,9 +244,9 @@ func (q *queue) unknownWrite(ctx context.Context, err error) error {
 	cerr := q.s.callerErr(ctx)
 	switch {
 	case serr != nil && cerr != nil:
-		return errorf("%w; the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", cerr, q.name, err, serr)
+		return errorf("%w; the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", cerr, q.lockName(), err, serr)
 	case serr != nil:
-		return errorf("the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", q.name, err, serr)
+		return errorf("the write that joins the queue of %s failed (%v) and the session has ended: the key it may have put goes with the lease: %w", q.lockName(), err, serr)
 	case cerr != nil:
 		return cerr
 	}

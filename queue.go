@@ -37,10 +37,12 @@ import (
 // blockers are a witness only while the keys ahead keep their modes: a
 // waiter is not woken when a key it does not watch changes.
 type queue struct {
-	s    *Session
-	name string
-	pfx  string // name + "/"
-	key  string // pfx + lease ID in hex
+	s *Session
+	// key is the lock's prefix (its name and "/") then the session's
+	// lease ID in hex; only the prefix when there is no session. One
+	// string for the three: a held lock keeps one queue.
+	key  string
+	plen int // len of the prefix
 
 	opts *mutexOptions // read-only: may be shared (newMutexOptions)
 
@@ -65,12 +67,17 @@ type queue struct {
 // constructor returning a queue: a queue holds a sync.Mutex and must not
 // be copied.)
 func (q *queue) init(s *Session, name string, kind Kind, opts []MutexOption) {
-	q.s, q.name, q.pfx, q.opts = s, name, name+"/", newMutexOptions(kind, opts)
+	q.s, q.key, q.plen, q.opts = s, name+"/", len(name)+1, newMutexOptions(kind, opts)
 	if s != nil {
-		q.key = fmt.Sprintf("%s%x", q.pfx, int64(s.Lease()))
-		q.pfx = q.key[:len(q.pfx)] // one string for both
+		q.key = fmt.Sprintf("%s%x", q.key, int64(s.Lease()))
 	}
 }
+
+// lockName returns the lock's name.
+func (q *queue) lockName() string { return q.key[:q.plen-1] }
+
+// prefix returns the prefix of the lock's keys: its name and "/".
+func (q *queue) prefix() string { return q.key[:q.plen] }
 
 // self returns q; through promotion, any primitive has it (export_test.go).
 func (q *queue) self() *queue { return q }
@@ -203,7 +210,7 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 		return nil, q.cause(ctx, err)
 	}
 	// since: the answer that admitted it has come, no sooner.
-	h := &hold{rev: rev, mode: mode, hdr: hdr, since: monotime()}
+	h := &hold{rev: rev, mode: mode, hdr: headerOf(hdr), since: monotime()}
 	for _, g := range q.opts.guards {
 		if err := g.admitted(bctx, q, h, recorded); err != nil {
 			err = q.fail(bctx, rev, err)
@@ -256,17 +263,23 @@ func (q *queue) IsOwner() clientv3.Cmp {
 }
 
 // Key returns the key used in etcd: name/<lease ID in hex>.
-func (q *queue) Key() string { return q.key }
+func (q *queue) Key() string {
+	if q.s == nil {
+		return ""
+	}
+	return q.key
+}
 
 // Header returns the header of the etcd response that showed the current
-// hold was admitted, or nil when nothing is held.
+// hold was admitted (a copy, new at each call), or nil when nothing is
+// held.
 func (q *queue) Header() *pb.ResponseHeader {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.h == nil {
 		return nil
 	}
-	return q.h.hdr
+	return q.h.hdr.proto()
 }
 
 // Token returns the fencing token of the current hold: the create revision

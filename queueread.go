@@ -130,11 +130,11 @@ func (q *queue) scan(ctx context.Context, me entry, r, delays *pb.RangeResponse,
 func (q *queue) opQueue(mode KeyMode, maxRev int64, extra ...clientv3.OpOption) clientv3.Op {
 	if maxRev == 0 && len(extra) == 0 {
 		if mode.Exclusive() {
-			return clientv3.OpGet(q.pfx, firstPageExclusive...)
+			return clientv3.OpGet(q.prefix(), firstPageExclusive...)
 		}
-		return clientv3.OpGet(q.pfx, firstPageModes...)
+		return clientv3.OpGet(q.prefix(), firstPageModes...)
 	}
-	return clientv3.OpGet(q.pfx, append(queueOpts(mode, clientv3.SortDescend, maxRev, 0, false), extra...)...)
+	return clientv3.OpGet(q.prefix(), append(queueOpts(mode, clientv3.SortDescend, maxRev, 0, false), extra...)...)
 }
 
 // The options of the first page of a queue read without bounds, in an
@@ -176,7 +176,7 @@ func queueOpts(mode KeyMode, order clientv3.SortOrder, maxRev, minRev int64, lat
 // pager returns the pager of a queue read in mode at revision rev, whose
 // first page was r.
 func (q *queue) pager(mode KeyMode, rev int64, r *pb.RangeResponse) *pager {
-	p := &pager{cli: q.s.cli, pfx: q.pfx, rev: rev, desc: true, page: func() []clientv3.OpOption {
+	p := &pager{cli: q.s.cli, pfx: q.prefix(), rev: rev, desc: true, page: func() []clientv3.OpOption {
 		return queueOpts(mode, clientv3.SortDescend, 0, 0, true)
 	}}
 	if mode.Exclusive() {
@@ -189,7 +189,7 @@ func (q *queue) pager(mode KeyMode, rev int64, r *pb.RangeResponse) *pager {
 // isChild reports whether key is a key of this lock: a direct child of the
 // prefix. Keys of nested locks (name/sub/<lease>) also fall in the
 // prefix's range but belong to another lock (etcd's Mutex waits on them).
-func (q *queue) isChild(key []byte) bool { return isChild(q.pfx, key) }
+func (q *queue) isChild(key []byte) bool { return isChild(q.prefix(), key) }
 
 // releasersOf returns the keys of those of me's blockers whose deletion alone
 // admits me, given every key ahead of me (newest first).

@@ -788,9 +788,9 @@ func (s *Session) releaseName(name string) {
 func (s *Session) holding(q *queue) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if nl, ok := s.names[q.name]; ok && nl.held {
+	if nl, ok := s.names[q.lockName()]; ok && nl.held {
 		nl.holder = q
-		s.names[q.name] = nl
+		s.names[q.lockName()] = nl
 	}
 	return s.err
 }

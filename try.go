@@ -187,7 +187,7 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 	// Admitted at the read's revision: every page was read at it (see
 	// pager). Take it only if nothing under the prefix changed since:
 	// a waiter that queued in between must keep its turn.
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(q.pfx), "<", read.rev+1).WithPrefix()}
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(q.prefix()), "<", read.rev+1).WithPrefix()}
 	if read.own != nil {
 		// At its place: keys ahead only leave, and fewer keys ahead
 		// never turn admitted into blocked. Bind the key to the
@@ -259,7 +259,7 @@ func (q *queue) tryAcquireSet(ctx context.Context, val string) (int64, *pb.Respo
 		// nothing under any of the prefixes changed since.
 		cmps := make([]clientv3.Cmp, n)
 		for i, p := range q.set.parts {
-			cmps[i] = clientv3.Compare(clientv3.ModRevision(p.pfx), "<", rev+1).WithPrefix()
+			cmps[i] = clientv3.Compare(clientv3.ModRevision(p.prefix()), "<", rev+1).WithPrefix()
 		}
 		wctx, cancel := q.writeCtx(ctx)
 		tresp, err := q.s.cli.Txn(wctx).If(cmps...).Then(q.puts(val, q.s.Lease())...).Else(first...).Commit()

@@ -14,7 +14,7 @@ import (
 func TestUnlockWhileOwnerFinishes(t *testing.T) {
 	for _, lost := range []error{nil, errorf("%w: gone", ErrLockLost)} {
 		s := &Session{names: map[string]nameLock{}}
-		q := &queue{s: s, name: "n"}
+		q := &queue{s: s, key: "n/", plen: 2}
 		// The hold has the name; its release's owner has claimed the
 		// finishing and not yet run it.
 		s.names["n"] = nameLock{held: true, refs: 1}

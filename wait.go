@@ -108,7 +108,7 @@ func (q *queue) watched(blockers []entry) []string {
 		if strings.HasPrefix(blockers[0].key, LockDelayPrefix) {
 			return []string{q.delayPfx()} // pending delays
 		}
-		return []string{q.pfx}
+		return []string{q.prefix()}
 	}
 	keys := make([]string, len(blockers))
 	for i, b := range blockers {
@@ -309,7 +309,7 @@ func (w *waiter) blockerEvent(e watchedEvent) (at int64, key string, ok bool) {
 	if ev.Kv.ModRevision <= w.read.rev {
 		return 0, "", false
 	}
-	prefix := e.b.key == w.q.pfx
+	prefix := e.b.key == w.q.prefix()
 	if e.b.key == w.q.delayPfx() {
 		// Pending delays, more than maxWatched: one that ends may admit me.
 		return ev.Kv.ModRevision, string(ev.Kv.Key), ev.Type == mvccpb.DELETE && isChild(e.b.key, ev.Kv.Key)
@@ -431,7 +431,7 @@ func (w *waiter) opRecord() clientv3.Op {
 	q := w.q
 	return clientv3.OpTxn(
 		[]clientv3.Cmp{
-			clientv3.Compare(clientv3.CreateRevision(q.pfx), ">", w.me.rev-1).WithPrefix(),
+			clientv3.Compare(clientv3.CreateRevision(q.prefix()), ">", w.me.rev-1).WithPrefix(),
 			clientv3.Compare(clientv3.CreateRevision(q.delayPfx()), "=", 0).WithPrefix(),
 		},
 		[]clientv3.Op{clientv3.OpPut(delayKey(q.key), q.recordValue(w.me.rev))}, nil)

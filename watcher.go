@@ -182,8 +182,8 @@ func newSessionWatcher(s *Session) *sessionWatcher {
 // Called with h's queue.mu held.
 func (w *sessionWatcher) watchHold(q *queue, h *hold, limits bool) *keyWatch {
 	from := int64(0)
-	if h.hdr != nil {
-		from = h.hdr.Revision + 1
+	if h.hdr.rev != 0 {
+		from = h.hdr.rev + 1
 	}
 	kw := &keyWatch{w: w, q: q, h: h, rev: h.rev, from: from, limits: limits}
 	if !w.add(kw) {
@@ -636,7 +636,7 @@ func (w *sessionWatcher) blockerAlone(ctx context.Context, cancel context.Cancel
 	b := kw.b
 	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
 	switch {
-	case b.key == kw.q.pfx:
+	case b.key == kw.q.prefix():
 		opts = append(opts, clientv3.WithFilterPut(), clientv3.WithPrefix(), clientv3.WithPrevKV())
 	case b.key == kw.q.delayPfx():
 		opts = append(opts, clientv3.WithFilterPut(), clientv3.WithPrefix())

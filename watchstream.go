@@ -230,7 +230,7 @@ func (kw *keyWatch) createRequest() *pb.WatchCreateRequest {
 	if b := kw.b; b != nil {
 		cr.Key = []byte(b.key)
 		switch {
-		case b.key == kw.q.pfx:
+		case b.key == kw.q.prefix():
 			cr.RangeEnd, cr.PrevKv = []byte(clientv3.GetPrefixRangeEnd(b.key)), true
 		case b.key == kw.q.delayPfx():
 			cr.RangeEnd = []byte(clientv3.GetPrefixRangeEnd(b.key))
