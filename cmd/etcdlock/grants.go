@@ -31,7 +31,9 @@ library) with authentication on.
                              with the flags above
 
 A lock name is taken as etcd's Mutex takes it: its keys are NAME/ and a
-lease ID, so "/my-lock/" needs the prefix "/my-lock//".
+lease ID, so "/my-lock/" needs the prefix "/my-lock//". A role or NAME
+that begins with "-" gets "--prefix --" before the role: etcdctl would
+take it for a flag.
 `
 
 func cmdGrants(args []string, stdout, _ io.Writer) error {
@@ -68,10 +70,20 @@ func cmdGrants(args []string, stdout, _ io.Writer) error {
 	}
 	for _, n := range names {
 		for _, p := range grantPrefixes(n, *delay || *minHold, *requests) {
-			fmt.Fprintf(stdout, "etcdctl role grant-permission %s %s --prefix %s\n", shellQuote(*role), perm, shellQuote(p))
+			fmt.Fprintln(stdout, grantLine(*role, perm, p))
 		}
 	}
 	return nil
+}
+
+// grantLine returns the etcdctl command line that grants role perm on
+// the keys with prefix p. etcdctl would take a role or a prefix that
+// begins with "-" for flags: then "--" ends its flags before them.
+func grantLine(role, perm, p string) string {
+	if strings.HasPrefix(role, "-") || strings.HasPrefix(p, "-") {
+		return fmt.Sprintf("etcdctl role grant-permission --prefix -- %s %s %s", shellQuote(role), perm, shellQuote(p))
+	}
+	return fmt.Sprintf("etcdctl role grant-permission %s %s --prefix %s", shellQuote(role), perm, shellQuote(p))
 }
 
 // grantPrefixes returns the key prefixes the uses of lock name touch.

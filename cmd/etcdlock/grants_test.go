@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -109,4 +112,68 @@ etcdctl role grant-permission ops readwrite --prefix '__etcdlock/release/it'\''s
 	require.Equal(t, `etcdctl role grant-permission ops readwrite --prefix a/
 etcdctl role grant-permission ops readwrite --prefix __etcdlock/delay/a/
 `, r.stdout)
+}
+
+// etcdctlEnv names the etcdctl binary TestGrantsRunInEtcdctl runs (else
+// it looks for etcdctl on PATH); etcdctlRequireEnv, when set (CI sets
+// it), makes a missing etcdctl a failure rather than a skip.
+const (
+	etcdctlEnv        = "ETCDLOCK_TEST_ETCDCTL"
+	etcdctlRequireEnv = "ETCDLOCK_TEST_REQUIRE_ETCDCTL"
+)
+
+// etcdctlBinary returns the etcdctl the tests run, or skips the test.
+func etcdctlBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv(etcdctlEnv); p != "" {
+		return p
+	}
+	p, err := exec.LookPath("etcdctl")
+	if err != nil {
+		if os.Getenv(etcdctlRequireEnv) != "" {
+			t.Fatalf("no etcdctl (set %s, or put it on PATH): %v", etcdctlEnv, err)
+		}
+		t.Skipf("no etcdctl (set %s, or put it on PATH; Debian's etcd-client has one)", etcdctlEnv)
+	}
+	return p
+}
+
+// TestGrantsRunInEtcdctl: the lines grants prints are run by a shell
+// with a real etcdctl, and grant what they say, even for a role and a
+// lock name that begin with "-", which etcdctl would take for flags
+// without the "--" the lines then carry.
+func TestGrantsRunInEtcdctl(t *testing.T) {
+	t.Parallel()
+	bin := etcdctlBinary(t)
+	c := etcdtest.Start(t, 1)
+	root := c.Client(t)
+	for _, tc := range []struct{ role, name string }{
+		{"ops", "jobs/backup"},
+		{"-ops", "jobs/backup"},
+		{"ops2", "-x"},
+		{"--all", "-x/y z"},
+	} {
+		_, err := root.RoleAdd(t.Context(), tc.role)
+		require.NoError(t, err)
+		r := runProc(t, nil, "grants", "--role", tc.role, "--requests", "--", tc.name)
+		require.Equal(t, 0, r.code, r.stderr)
+		for _, l := range strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n") {
+			cmd := exec.Command("sh", "-c", l)
+			cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"), "ETCDCTL_API=3", "ETCDCTL_ENDPOINTS="+c.Endpoint(0))
+			if filepath.Base(bin) != "etcdctl" {
+				t.Fatalf("%s: the lines run etcdctl by that name", bin)
+			}
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s:\n%s", l, out)
+		}
+		resp, err := root.RoleGet(t.Context(), tc.role)
+		require.NoError(t, err)
+		var got []string
+		for _, p := range resp.Perm {
+			require.Equal(t, clientv3.PermissionType(clientv3.PermReadWrite), clientv3.PermissionType(p.PermType), tc.role)
+			require.Equal(t, clientv3.GetPrefixRangeEnd(string(p.Key)), string(p.RangeEnd), "a prefix")
+			got = append(got, string(p.Key))
+		}
+		require.ElementsMatch(t, []string{tc.name + "/", etcdlock.ReleaseRequestPrefix + tc.name + "/"}, got, tc.role)
+	}
 }
