@@ -215,12 +215,21 @@ func certCommonName(file string) string {
 	}
 }
 
+// grantNeed is what else a write that etcd refused may have written: the
+// prefixes of its other keys, and the flags of 'etcdlock grants' whose
+// lines grant them (--min-hold, say).
+type grantNeed struct {
+	also  []string
+	flags []string
+}
+
 // explain rewrites etcd's terse authorization errors into what to do about
 // them: "user name is empty" means etcd wants a user, and "permission
 // denied" names the user and the key that was refused (the access is what
-// was tried on key, such as "read key" or "write key"). Other errors come
-// back as they are.
-func (c *connFlags) explain(err error, access, key string, also ...string) error {
+// was tried on key, such as "read key" or "write key"), and, with need,
+// the other prefixes the write touched and the grants command that
+// covers them all. Other errors come back as they are.
+func (c *connFlags) explain(err error, access, key string, need *grantNeed) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrUserEmpty):
 		return &exitError{code: exitConnect, err: fmt.Errorf("etcd requires authentication (%w): give --user user:password, or set ETCDCTL_USER", err)}
@@ -234,22 +243,28 @@ func (c *connFlags) explain(err error, access, key string, also ...string) error
 		if i := strings.LastIndex(key, "/"); i >= 0 {
 			pfx = key[:i+1]
 		}
-		need := fmt.Sprintf("run and elect need readwrite permission on the keys with prefix %q; status, ls and elect --listen read", pfx)
+		hint := fmt.Sprintf("run and elect need readwrite permission on the keys with prefix %q; status, ls and elect --listen read", pfx)
 		what := fmt.Sprintf("%s %q", access, key)
 		switch {
-		case len(also) > 0:
+		case need != nil && len(need.also) > 0:
 			// The refused write may have been to another key: etcd does
 			// not say which.
-			quoted := make([]string, len(also))
-			for i, a := range also {
+			quoted := make([]string, len(need.also))
+			for i, a := range need.also {
 				quoted[i] = strconv.Quote(a)
 			}
 			what += ", or one of those with prefix " + strings.Join(quoted, " or ")
-			need = fmt.Sprintf("this run needs readwrite permission on the keys with prefix %q and %s; 'etcdlock grants' prints the etcdctl lines", pfx, strings.Join(quoted, " and "))
+			// The grants command whose lines cover them all: the flags
+			// say which records, and the name is the lock's.
+			cmd := append(append([]string{"etcdlock", "grants", "--role", "ROLE"}, need.flags...), "--", strings.TrimSuffix(pfx, "/"))
+			for i, w := range cmd {
+				cmd[i] = shellQuote(w)
+			}
+			hint = fmt.Sprintf("this run needs readwrite permission on the keys with prefix %q and %s; '%s' prints the etcdctl lines", pfx, strings.Join(quoted, " and "), strings.Join(cmd, " "))
 		case strings.HasPrefix(key, etcdlock.ReleaseRequestPrefix):
-			need = fmt.Sprintf("release needs write permission on the keys with prefix %q, and read permission on the lock's", pfx)
+			hint = fmt.Sprintf("release needs write permission on the keys with prefix %q, and read permission on the lock's", pfx)
 		}
-		return &exitError{code: exitConnect, err: fmt.Errorf("%w: etcd user %q may not %s (%s)", err, c.userName(), what, need)}
+		return &exitError{code: exitConnect, err: fmt.Errorf("%w: etcd user %q may not %s (%s)", err, c.userName(), what, hint)}
 	}
 	return err
 }
@@ -282,7 +297,7 @@ func (c *connFlags) connect(ctx context.Context, probeKey string) (*clientv3.Cli
 			defer cancel()
 			why = whyUnreachable(dctx, cfg.Endpoints, cfg.TLS)
 		}
-		return nil, connectErr(where, c.dialTimeout, c.explain(err, "read key", probeKey), why)
+		return nil, connectErr(where, c.dialTimeout, c.explain(err, "read key", probeKey, nil), why)
 	}
 	return cli, nil
 }

@@ -241,7 +241,7 @@ func listenElection(conn *connFlags, name string, asJSON bool, stdout, stderr io
 			if ctx.Err() != nil {
 				return nil // a signal
 			}
-			return fmt.Errorf("observe election %q: %w", name, conn.explain(err, "read the keys with prefix", name+"/"))
+			return fmt.Errorf("observe election %q: %w", name, conn.explain(err, "read the keys with prefix", name+"/", nil))
 		}
 		if _, err := fmt.Fprintln(stdout, formatLeader(l, asJSON, time.Now())); err != nil {
 			return fmt.Errorf("observe election %q: %w", name, err)

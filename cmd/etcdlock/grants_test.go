@@ -80,9 +80,33 @@ func TestGrants(t *testing.T) {
 	plain := []string{"--user", "plain-user:pw"}
 	r = runProc(t, nil, cmdline(plain, "run", "--lock-delay", "2s", name, "--", "true")...)
 	require.Equal(t, exitConnect, r.code, r.stderr)
-	requireOneLineError(t, r, `this run needs readwrite permission on the keys with prefix "`+name+`/" and "`+etcdlock.LockDelayPrefix+name+`/"; 'etcdlock grants' prints the etcdctl lines`)
+	requireOneLineError(t, r, `this run needs readwrite permission on the keys with prefix "`+name+`/" and "`+etcdlock.LockDelayPrefix+name+`/"; 'etcdlock grants --role ROLE --lock-delay -- `+name+`' prints the etcdctl lines`)
 	r = runProc(t, nil, cmdline(plain, "run", name, "--", "true")...)
 	require.Equal(t, 0, r.code, "without a delay, the lock's own keys suffice: %s", r.stderr)
+
+	// run --min-hold refused names the grants command with --min-hold,
+	// whose lines let the same run in (issue 41: the hint named grants
+	// without it, whose lines left the run refused).
+	r = runProc(t, nil, cmdline(plain, "run", "--min-hold", "100ms", name, "--", "true")...)
+	require.Equal(t, exitConnect, r.code, r.stderr)
+	_, hint, ok := strings.Cut(r.stderr, "; '")
+	require.True(t, ok, r.stderr)
+	hint, _, ok = strings.Cut(hint, "' prints the etcdctl lines")
+	require.True(t, ok, r.stderr)
+	words := etcdtest.ShellWords(hint)
+	require.Equal(t, []string{"etcdlock", "grants", "--role", "ROLE", "--min-hold", "--", name}, words, r.stderr)
+	words[3] = "plain"
+	g := runProc(t, nil, words[1:]...)
+	require.Equal(t, 0, g.code, g.stderr)
+	admin := c.Client(t, clientv3.Config{Username: "root", Password: "secret"})
+	for _, l := range strings.Split(strings.TrimSuffix(g.stdout, "\n"), "\n") {
+		w := etcdtest.ShellWords(l)
+		require.Len(t, w, 7, l)
+		_, err := admin.RoleGrantPermission(t.Context(), w[3], w[6], clientv3.GetPrefixRangeEnd(w[6]), clientv3.PermissionType(clientv3.PermReadWrite))
+		require.NoError(t, err, l)
+	}
+	r = runProc(t, nil, cmdline(plain, "run", "--min-hold", "100ms", name, "--", "true")...)
+	require.Equal(t, 0, r.code, "the hint's lines let the run in: %s", r.stderr)
 }
 
 func TestGrantsUsage(t *testing.T) {

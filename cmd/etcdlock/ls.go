@@ -126,7 +126,7 @@ func cmdLs(args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("list locks%s: no answer from etcd within %v (--command-timeout)", under(prefix), c.conn.commandTimeout)
 		}
-		return fmt.Errorf("list locks%s: %w", under(prefix), c.conn.explain(err, "read the keys with prefix", prefix))
+		return fmt.Errorf("list locks%s: %w", under(prefix), c.conn.explain(err, "read the keys with prefix", prefix, nil))
 	}
 	if c.watch {
 		return watchLs(cli, c, stdout, stderr, readErr)

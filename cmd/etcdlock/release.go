@@ -71,7 +71,7 @@ func cmdRelease(args []string, stdout, stderr io.Writer) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("ask to release lock %q: no answer from etcd within %v (--command-timeout)", name, conn.commandTimeout)
 	case err != nil:
-		return fmt.Errorf("ask to release lock %q: %w", name, conn.explain(err, "write the request key", etcdlock.ReleaseRequestPrefix+name+"/"))
+		return fmt.Errorf("ask to release lock %q: %w", name, conn.explain(err, "write the request key", etcdlock.ReleaseRequestPrefix+name+"/", nil))
 	}
 	fmt.Fprintf(stdout, "asked the holders of %q to release it\n", name)
 	return nil

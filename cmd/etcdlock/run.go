@@ -663,11 +663,17 @@ func (r *lockRun) acquire(try bool, timeout time.Duration, quiet bool) error {
 	case r.m == nil:
 		return err // no session: startSession said why
 	default:
-		var also []string // what else the Lock writes
+		var need *grantNeed // what else the Lock writes
 		if r.lockDelay > 0 || r.minHold > 0 {
-			also = append(also, etcdlock.LockDelayPrefix+r.name+"/")
+			need = &grantNeed{also: []string{etcdlock.LockDelayPrefix + r.name + "/"}}
+			if r.lockDelay > 0 {
+				need.flags = append(need.flags, "--lock-delay")
+			}
+			if r.minHold > 0 {
+				need.flags = append(need.flags, "--min-hold")
+			}
 		}
-		return r.conn.explain(fmt.Errorf("%s: %w", r.what(), err), "write key", r.m.Key(), also...)
+		return r.conn.explain(fmt.Errorf("%s: %w", r.what(), err), "write key", r.m.Key(), need)
 	}
 }
 

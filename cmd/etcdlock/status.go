@@ -218,7 +218,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("read lock %q: no answer from etcd within %v (--command-timeout)", name, c.conn.commandTimeout)
 		}
-		return fmt.Errorf("read lock %q: %w", name, c.conn.explain(err, "read the keys with prefix", name+"/"))
+		return fmt.Errorf("read lock %q: %w", name, c.conn.explain(err, "read the keys with prefix", name+"/", nil))
 	}
 	if c.watch {
 		return watchStatus(cli, c, stdout, stderr, readErr)
