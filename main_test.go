@@ -37,6 +37,12 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	if os.Getenv(helperEnv) != "" {
+		// A helper process (TestHelperProcess) uses its parent's etcd:
+		// it starts none of its own, which would take ports, time and
+		// a process that dies with it when it is killed.
+		os.Exit(m.Run())
+	}
 	os.Exit(etcdtest.RunMain(func(c *etcdtest.Cluster) int {
 		cluster, endpoints = c, c.Endpoints()
 		return m.Run()
