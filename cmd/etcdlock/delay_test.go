@@ -97,6 +97,39 @@ func TestStatusWaitingForDelay(t *testing.T) {
 	require.NoError(t, w.Unlock(t.Context()))
 }
 
+// TestStatusPlainMutexInDelay: a Mutex that takes no lock delay holds
+// while another Mutex's delay is pending (it ignores the delay, as etcd's
+// Mutex does), and status says it may hold rather than that nobody holds
+// (issue 41: it showed the lock held by nobody, the holder waiting).
+func TestStatusPlainMutexInDelay(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	s, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(time.Hour))
+	require.NoError(t, m.Lock(t.Context()))
+	require.NoError(t, s.Close()) // ended without Unlock: the delay is pending
+	ps, err := etcdlock.NewSession(t.Context(), cli)
+	require.NoError(t, err)
+	t.Cleanup(func() { ps.Close() })
+	plain := etcdlock.NewMutex(ps, name)
+	require.NoError(t, plain.TryLock(t.Context()), "a Mutex without a lock delay ignores the pending one")
+
+	r := runProc(t, nil, "status", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "waiting for a lock delay that has not begun, unless the first in line takes no lock delay and holds")
+	require.Contains(t, r.stdout, plain.Key())
+	r = runProc(t, nil, "status", "--json", ep(), name)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Len(t, st.Waiters, 1)
+	require.Equal(t, plain.Key(), st.Waiters[0].Key)
+	require.True(t, st.Waiters[0].MayHold)
+	require.NoError(t, plain.Unlock(t.Context()))
+}
+
 // TestRunMinHold: run --min-hold keeps the lock taken after CMD and
 // etcdlock have exited, until the minimum hold has passed since the lock
 // was taken: status shows what keeps it, a --try run finds it held, and

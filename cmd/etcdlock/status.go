@@ -191,6 +191,12 @@ type waiterJSON struct {
 	// --also), the other name its set still waits for.
 	WaitsFor       string `json:"waits_for,omitempty"`
 	WaitsForBase64 string `json:"waits_for_base64,omitempty"`
+	// MayHold, on the first in line when only a lock delay that nobody
+	// has begun keeps it out, says that it holds if its lock takes no
+	// lock delay (a Mutex without WithLockDelay, etcd's Mutex, etcdctl
+	// lock ignore the delay): etcd keeps nothing that tells which. A
+	// waiter that takes a delay begins it once first in line.
+	MayHold bool `json:"may_hold,omitempty"`
 	// Who the waiter is, as it recorded itself: etcdlock run's host,
 	// pid and command, or a library lock's WithIdentity; absent if
 	// nothing was recorded.
@@ -295,6 +301,9 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 		}
 		st.Delays = append(st.Delays, dj)
 	}
+	if len(st.Holders) == 0 && len(st.Waiters) > 0 && st.Waiters[0].WaitsFor == "" && slices.ContainsFunc(st.Delays, func(d delayJSON) bool { return !d.Started }) {
+		st.Waiters[0].MayHold = true
+	}
 	return st
 }
 
@@ -345,6 +354,8 @@ func printStatus(w io.Writer, st *statusJSON, labels map[string]string, now time
 	switch {
 	case len(st.Holders) == 0 && st.Waiters[0].WaitsFor != "":
 		fmt.Fprintf(w, "lock %q is held by nobody, %d waiting: first in line is a MultiMutex that still waits for %q (etcd revision %d)\n", st.Name, len(st.Waiters), st.Waiters[0].WaitsFor, st.Revision)
+	case len(st.Holders) == 0 && st.Waiters[0].MayHold:
+		fmt.Fprintf(w, "lock %q is held by nobody, %d waiting for a lock delay that has not begun, unless the first in line takes no lock delay and holds (a Mutex without WithLockDelay, etcd's Mutex, etcdctl lock) (etcd revision %d)\n", st.Name, len(st.Waiters), st.Revision)
 	case len(st.Holders) == 0:
 		fmt.Fprintf(w, "lock %q is held by nobody, %d waiting for a lock delay (etcd revision %d)\n", st.Name, len(st.Waiters), st.Revision)
 	case len(st.Holders) == 1:
@@ -592,6 +603,8 @@ func watchStatus(cli *clientv3.Client, c *readCmd, stdout, stderr io.Writer, rea
 // 2 waiting".
 func statusLine(st *statusJSON) string {
 	switch {
+	case st.Holder == nil && len(st.Waiters) > 0 && st.Waiters[0].MayHold:
+		return fmt.Sprintf("free, in a lock delay not begun, %d waiting, unless the first takes no delay and holds", len(st.Waiters))
 	case st.Holder == nil && len(st.Delays) > 0:
 		return fmt.Sprintf("free, in a lock delay, %d waiting", len(st.Waiters))
 	case st.Holder == nil:
