@@ -982,13 +982,22 @@ func (x *schedule) finish(a *actor, f *inflight, err error) {
 	// (rev 0: etcd could not be asked when it began, during a member's
 	// stop: nothing to compare with.)
 	if f.op.acquire && err != nil && s.Err() == nil && !strings.Contains(err.Error(), "session") && f.rev > 0 {
-		x.noKeyLeft(a, f)
+		x.noKeyLeft(a, s, f)
 	}
 }
 
-// noKeyLeft checks that a failed acquisition left no key: none of a's
-// session created since the operation began.
-func (x *schedule) noKeyLeft(a *actor, f *inflight) {
+// noKeyLeft checks that a failed acquisition on s left no key: none of
+// a's session created since the operation began. A Try whose ctx ended
+// before its write's answer came leaves the key's removal to the session
+// (writeOrHandOff): the check waits for that first.
+func (x *schedule) noKeyLeft(a *actor, s *etcdlock.Session, f *inflight) {
+	for i := 0; etcdlock.BackgroundRunning(s) > 0; i++ {
+		if i == 3000 {
+			x.violation("a%d's failed %s left work to its session that did not end within 30s", a.id, f.name)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	for _, key := range primKeys(a.p) {
 		resp, err := x.admin.Get(x.ctx, key)
 		if err != nil {

@@ -92,3 +92,7 @@ func ReleasesWaiting(s *Session) int {
 	defer s.batch.mu.Unlock()
 	return len(s.batch.queue)
 }
+
+// BackgroundRunning returns how many goroutines s runs to finish what a
+// caller whose ctx ended left (writeOrHandOff).
+func BackgroundRunning(s *Session) int { return int(s.bgN.Load()) }

@@ -2,6 +2,7 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -206,7 +207,12 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 		rev, hdr, recorded, err = c.try(bctx, q, mode, val)
 	}
 	if err != nil {
-		q.releaseNames()
+		var off *handedOff
+		if !errors.As(err, &off) {
+			// (A write handed off keeps the right to the name until
+			// the session has undone it: see writeOrHandOff.)
+			q.releaseNames()
+		}
 		return nil, q.cause(ctx, err)
 	}
 	// since: the answer that admitted it has come, no sooner.

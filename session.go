@@ -82,6 +82,32 @@ type Session struct {
 	inherited  map[string]bool // false: a key this session put (inheritAll)
 	inheritAll bool            // etcd would not list them: every other key found is
 	adopted    atomic.Bool
+
+	// The goroutines that finish what a caller whose ctx ended left
+	// (spawn): shutdown waits for them. noSpawn is guarded by mu.
+	bg      sync.WaitGroup
+	bgN     atomic.Int32 // running
+	noSpawn bool
+}
+
+// spawn runs f in a goroutine the session owns, which shutdown waits for
+// (f must end once the session has ended). It reports false, and runs
+// nothing, once the session is shutting down.
+func (s *Session) spawn(f func()) bool {
+	s.mu.Lock()
+	if s.noSpawn {
+		s.mu.Unlock()
+		return false
+	}
+	s.bg.Add(1)
+	s.bgN.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.bg.Done()
+		defer s.bgN.Add(-1)
+		f()
+	}()
+	return true
 }
 
 // requireLeaderMD is the metadata of clientv3.WithRequireLeader, made once
@@ -529,6 +555,10 @@ func (s *Session) shutdown() {
 	s.watcher.wait()
 	s.releaser.wait()
 	s.batch.wait()
+	s.mu.Lock()
+	s.noSpawn = true
+	s.mu.Unlock()
+	s.bg.Wait()
 }
 
 // end records why the session ended and closes Done, once, and then tells

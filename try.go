@@ -66,6 +66,10 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			continue
 		}
 		tresp, err := q.tryPut(ctx, val, read, first)
+		var off *handedOff
+		if errors.As(err, &off) {
+			return 0, nil, false, err // the session removes what it may have put
+		}
 		if err != nil {
 			return 0, nil, false, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
 		}
@@ -212,9 +216,27 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 		}
 		then = append(then, clientv3.OpPut(delayKey(q.key), q.recordValue(token)))
 	}
-	wctx, cancel := q.writeCtx(ctx)
-	defer cancel()
-	return q.s.cli.Txn(wctx).If(cmps...).Then(then...).Else(first...).Commit()
+	send := func(wctx context.Context) (*clientv3.TxnResponse, error) {
+		return q.s.cli.Txn(wctx).If(cmps...).Then(then...).Else(first...).Commit()
+	}
+	// If ctx ends before the answer, Try returns: when the answer comes,
+	// the key it put (or may have put) goes, as fail would remove it,
+	// and then the session's right to the name (take kept it).
+	return q.writeOrHandOff(ctx, send, func(resp *clientv3.TxnResponse, err error) {
+		switch {
+		case err != nil:
+			_ = q.remove(context.Background(), 0)
+		case resp.Succeeded:
+			rev := resp.Header.Revision
+			if read.own != nil {
+				rev = read.own.CreateRevision
+			} else {
+				q.s.disinherit(q.key)
+			}
+			_ = q.remove(context.Background(), rev)
+		}
+		q.releaseNames()
+	})
 }
 
 // tryAcquireSet is tryAcquire for a set: it takes every name only if each
@@ -261,9 +283,22 @@ func (q *queue) tryAcquireSet(ctx context.Context, val string) (int64, *pb.Respo
 		for i, p := range q.set.parts {
 			cmps[i] = clientv3.Compare(clientv3.ModRevision(p.prefix()), "<", rev+1).WithPrefix()
 		}
-		wctx, cancel := q.writeCtx(ctx)
-		tresp, err := q.s.cli.Txn(wctx).If(cmps...).Then(q.puts(val, q.s.Lease())...).Else(first...).Commit()
-		cancel()
+		send := func(wctx context.Context) (*clientv3.TxnResponse, error) {
+			return q.s.cli.Txn(wctx).If(cmps...).Then(q.puts(val, q.s.Lease())...).Else(first...).Commit()
+		}
+		tresp, err := q.writeOrHandOff(ctx, send, func(resp *clientv3.TxnResponse, err error) {
+			switch {
+			case err != nil:
+				_ = q.remove(context.Background(), 0)
+			case resp.Succeeded:
+				_ = q.remove(context.Background(), resp.Header.Revision)
+			}
+			q.releaseNames()
+		})
+		var off *handedOff
+		if errors.As(err, &off) {
+			return 0, nil, err // the session removes what it may have put
+		}
 		if err != nil {
 			return 0, nil, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
 		}
