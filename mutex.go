@@ -67,8 +67,12 @@ func (m *Mutex) Lock(ctx context.Context) error { return m.lock(ctx, KeyMode{}, 
 // The read is sent again after errors that pass (a leader election, a
 // member out of reach), while ctx and the session last: "at once" means
 // without waiting for the lock, not without waiting for etcd. An error on
-// the write is returned. After failure nothing of this Mutex is left under
-// the lock's prefix.
+// the write is returned. If ctx ends before the write's answer comes,
+// TryLock returns ctx's error at once, and the session waits for the
+// answer: a key the write put is removed then (or goes with the lease),
+// and until then the session's next Lock of the name waits, its next Try
+// returns ErrLocked. After failure nothing of this Mutex is left under the
+// lock's prefix once that answer has come.
 func (m *Mutex) TryLock(ctx context.Context) error { return m.lock(ctx, KeyMode{}, false) }
 
 // Unlock releases the lock. It deletes the key only if it is still the key

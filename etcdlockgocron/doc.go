@@ -46,7 +46,8 @@
 // Lock never waits for the lock, and waits for etcd at most d: a tick
 // whose attempt etcd has not answered by then is skipped, as a lock taken
 // later might be taken after the hold of the replica that ran it had
-// passed.
+// passed. (A write etcd applied but answered late holds the lock until
+// its answer comes: the replica's session then removes its key.)
 //
 // # Elector: one leader runs everything
 //

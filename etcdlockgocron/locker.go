@@ -104,7 +104,9 @@ func NewLocker(cli *clientv3.Client, minHold time.Duration, opts ...Option) (*Lo
 // twice. It fails, too, with the session's error when no session can be
 // started, with etcdlock.ErrInvalidName for a name the library refuses,
 // and with an error matching etcdlock.ErrSessionClosed after Close. On
-// failure Lock leaves no key of this replica under the lock's name.
+// failure Lock leaves no key of this replica under the lock's name: a
+// write whose answer comes after d has its key removed by the session as
+// soon as etcd answers, without holding Lock up.
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.minHold)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/go-co-op/gocron/v2"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -300,4 +301,55 @@ func TestNewLockerOptions(t *testing.T) {
 			require.ErrorIs(t, err, c.want)
 		})
 	}
+}
+
+// TestLockBoundedWhenWriteLate: Lock waits for etcd at most d, even when
+// the answer to its write (not its read) is late (issue 41: with d =
+// 200ms and the answer 3 s late, Lock took 3.2 s). The key the write put
+// is removed as soon as the answer comes, and another replica then takes
+// the tick's lock.
+func TestLockBoundedWhenWriteLate(t *testing.T) {
+	in := &etcdtest.Injector{}
+	cli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
+	l, err := etcdlockgocron.NewLocker(cli, 200*time.Millisecond)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	other, err := etcdlockgocron.NewLocker(cluster.Client(t), 200*time.Millisecond)
+	require.NoError(t, err)
+	t.Cleanup(func() { other.Close() })
+	job := strings.ReplaceAll(t.Name(), "/", "-")
+
+	applied, answer := make(chan struct{}), make(chan struct{})
+	in.At(func(r etcdtest.RPC) bool {
+		req, ok := r.Req.(*pb.TxnRequest)
+		return ok && len(req.Success) > 0 && req.Success[0].GetRequestPut() != nil
+	}, etcdtest.Action{After: func(_ etcdtest.RPC, err error) error {
+		close(applied)
+		<-answer
+		return err
+	}})
+	res := make(chan error, 1)
+	go func() {
+		_, err := l.Lock(t.Context(), job)
+		res <- err
+	}()
+	<-applied
+	select {
+	case err = <-res:
+	case <-time.After(20 * time.Second): // a hundred times d
+		close(answer)
+		<-res
+		t.Fatal("Lock waited for its write's answer, past d")
+	}
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	_, err = other.Lock(t.Context(), job)
+	require.ErrorIs(t, err, etcdlock.ErrLocked, "the late write's key holds the lock until its answer comes")
+	close(answer)
+	require.Eventually(t, func() bool {
+		lk, err := other.Lock(t.Context(), job)
+		if err == nil {
+			require.NoError(t, lk.Unlock(t.Context()))
+		}
+		return err == nil
+	}, 30*time.Second, 20*time.Millisecond, "the key went once the answer came")
 }
