@@ -103,3 +103,9 @@ func delayKey(key string) string { return LockDelayPrefix + key }
 
 // requestKey returns the key of a request addressed to a hold of key.
 func requestKey(key string) string { return ReleaseRequestPrefix + key }
+
+// lockName returns the name of q's lock: its key up to the prefix's "/".
+func (q *queue) lockName() string { return q.key[:q.plen-1] }
+
+// prefix returns the prefix of the keys of q's lock: its name and "/".
+func (q *queue) prefix() string { return q.key[:q.plen] }

@@ -2,7 +2,6 @@ package etcdlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -73,12 +72,6 @@ func (q *queue) init(s *Session, name string, kind Kind, opts []MutexOption) {
 		q.key = fmt.Sprintf("%s%x", q.key, int64(s.Lease()))
 	}
 }
-
-// lockName returns the lock's name.
-func (q *queue) lockName() string { return q.key[:q.plen-1] }
-
-// prefix returns the prefix of the lock's keys: its name and "/".
-func (q *queue) prefix() string { return q.key[:q.plen] }
 
 // self returns q; through promotion, any primitive has it (export_test.go).
 func (q *queue) self() *queue { return q }
@@ -207,8 +200,7 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 		rev, hdr, recorded, err = c.try(bctx, q, mode, val)
 	}
 	if err != nil {
-		var off *handedOff
-		if !errors.As(err, &off) {
+		if !isHandedOff(err) {
 			// (A write handed off keeps the right to the name until
 			// the session has undone it: see writeOrHandOff.)
 			q.releaseNames()
