@@ -85,6 +85,12 @@ is the one number both set with the same meaning.
 The lock lives as long as etcdlock renews its lease: if etcdlock dies, the
 lock passes on at most --ttl later.
 
+With authentication on etcd 3.4, give etcd an --auth-token-ttl longer than
+the longest run (it is 300s by default): this etcdlock's etcd client hangs
+on its first request after its token expired there, so the release waits
+out --command-timeout, and the lock passes on only when the lease runs
+out. etcd 3.5 and newer are not affected.
+
 ` + stoppingHelp + `
 
 SIGINT, SIGTERM and SIGHUP are passed on to CMD; while etcdlock still waits
