@@ -10,6 +10,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -101,7 +102,9 @@ func (r *batchRig) unlockTogether(before func(), after func(error) error) ([]err
 		for i := 1; i < len(r.ms); i++ {
 			start(i)
 		}
-		require.Eventually(t, func() bool { return etcdlock.ReleasesWaiting(r.s) == len(r.ms)-1 }, 10*time.Second, time.Millisecond)
+		// (assert, not require: this runs on the batcher's goroutine,
+		// which a FailNow would end, and the test with it would hang.)
+		assert.Eventually(t, func() bool { return etcdlock.ReleasesWaiting(r.s) == len(r.ms)-1 }, 10*time.Second, time.Millisecond)
 	}})
 	start(0)
 	wg.Wait()
@@ -161,9 +164,9 @@ func TestBatchedUnlockDeletesNoOtherKey(t *testing.T) {
 	key := r.ms[1].Key()
 	errs, batch := r.unlockTogether(func() {
 		_, err := other.Delete(t.Context(), key)
-		require.NoError(t, err)
+		assert.NoError(t, err)
 		_, err = other.Put(t.Context(), key, "another's", clientv3.WithLease(r.s.Lease()))
-		require.NoError(t, err)
+		assert.NoError(t, err)
 	}, nil)
 	requireNested(t, batch, 2)
 	require.NoError(t, errs[0])
@@ -184,7 +187,7 @@ func TestBatchAnswerLost(t *testing.T) {
 	r := newBatchRig(t, cluster, names, clientv3.Config{})
 	lost := 0
 	errs, batch := r.unlockTogether(nil, func(err error) error {
-		require.NoError(t, err)
+		assert.NoError(t, err)
 		lost++
 		return rpctypes.ErrGRPCTimeout
 	})
@@ -258,20 +261,23 @@ func TestBatchTooManyOps(t *testing.T) {
 	}
 }
 
-// An Unlock whose ctx ends while it waits for a batch returns ctx's error,
-// and its release goes on in the background: the key goes, and the
-// session's other releases are not held up.
+// An Unlock whose ctx ends while it waits for a batch returns ctx's error
+// at once, though the batch in flight has not answered, and its release
+// goes on in the background: the key goes, and the session's other
+// releases are not held up.
 func TestBatchWaitCancelled(t *testing.T) {
 	names := batchNames(t, 3)
 	r := newBatchRig(t, cluster, names, clientv3.Config{})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
+	// (assert, not require: the hook runs on the batcher's goroutine.)
 	r.in.At(etcdtest.Nth(1, etcdtest.Method(etcdtest.MethodTxn)), etcdtest.Action{Before: func(etcdtest.RPC) {
 		go func() { done <- r.ms[1].Unlock(ctx) }()
-		require.Eventually(t, func() bool { return etcdlock.ReleasesWaiting(r.s) == 1 }, 10*time.Second, time.Millisecond)
+		assert.Eventually(t, func() bool { return etcdlock.ReleasesWaiting(r.s) == 1 }, 10*time.Second, time.Millisecond)
 		cancel()
-		require.ErrorIs(t, <-done, context.Canceled)
-		require.Equal(t, 0, etcdlock.ReleasesWaiting(r.s), "a release whose caller left still waits")
+		// The batch in flight waits here: the Unlock returns without it.
+		// (The session's releaser may queue the release again at once.)
+		assert.ErrorIs(t, <-done, context.Canceled)
 	}})
 	require.NoError(t, r.ms[0].Unlock(t.Context()))
 	require.NoError(t, r.ms[2].Unlock(t.Context()))
