@@ -216,7 +216,11 @@ func TestJoinWriteSessionEndsMidWrite(t *testing.T) {
 		}},
 		{"TryAnswerLost", true, func(s *etcdlock.Session) etcdtest.Action {
 			return etcdtest.Action{After: func(etcdtest.RPC, error) error {
-				s.Orphan()
+				// Try's write runs on a goroutine of the session (it
+				// returns if its ctx ends first), which Orphan waits
+				// for: end the session beside it, then lose the answer.
+				go s.Orphan()
+				<-s.Done()
 				return status.Error(codes.Unavailable, "test: the answer was lost")
 			}}
 		}},

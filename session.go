@@ -441,7 +441,10 @@ func (s *Session) Err() error {
 
 // Close ends the session and revokes its lease (and the leases of its
 // WithMaxHold holds), which releases every lock of the session at once. It
-// waits for the keepalive goroutine to end. A lease that has already
+// waits for the session's goroutines to end (its keepalive, and those
+// that finish what a caller whose ctx ended left), so it must not be
+// called from within one of the session's requests (a gRPC interceptor
+// of its client, say), nor must Orphan. A lease that has already
 // expired is not an error; calling Close again does nothing. Close after
 // Orphan revokes the lease, as etcd's Session does. If the revoke
 // fails (etcd unreachable, or the client already closed), the locks are
