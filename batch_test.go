@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -224,6 +225,16 @@ func TestBatchRefusedOneByOne(t *testing.T) {
 	requireNested(t, batch, 2)
 	require.NoError(t, errs[0])
 	require.NoError(t, errs[1])
+	if strings.HasPrefix(c.Version(), "3.4.") {
+		// etcd 3.4 (Debian's 3.4.23) does not check the permissions of a
+		// nested Txn's operations, as 3.5 does: the batch deletes the key
+		// alice may no longer delete, as a MultiMutex's release (a nested
+		// Txn in its Else) always could there. Her own key, by its
+		// create revision.
+		require.NoError(t, errs[2])
+		require.Empty(t, keys(t, root, names[2]))
+		return
+	}
 	require.True(t, errors.Is(errs[2], rpctypes.ErrPermissionDenied) || errors.Is(errs[2], rpctypes.ErrGRPCPermissionDenied), "Unlock of a key alice may not delete: %v", errs[2])
 	require.Equal(t, 4, r.countTxns()-before, "the first batch, the second, then each of its two alone")
 	require.Empty(t, keys(t, root, names[1]))
