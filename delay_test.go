@@ -578,7 +578,8 @@ func TestLockDelaySchedules(t *testing.T) {
 				}
 				return status.Error(codes.Unavailable, "test: the answer was lost")
 			}})
-			m := etcdlock.NewMutex(newSession(t, icli), name, etcdlock.WithLockDelay(longDelay))
+			s := newSession(t, icli)
+			m := etcdlock.NewMutex(s, name, etcdlock.WithLockDelay(longDelay))
 			var err error
 			if try {
 				err = m.TryLock(ctx)
@@ -587,6 +588,9 @@ func TestLockDelaySchedules(t *testing.T) {
 			}
 			require.Error(t, err)
 			awaitFired(t, fired)
+			// A Try whose ctx ended before its answer came leaves the
+			// cleanup to the session (writeOrHandOff): wait for it.
+			require.Eventually(t, func() bool { return etcdlock.BackgroundRunning(s) == 0 }, 30*time.Second, 10*time.Millisecond)
 			require.Empty(t, keys(t, cli, name), "try %v", try)
 			require.Empty(t, delayRecords(t, cli, name), "try %v: a record of a hold that never was", try)
 		}
