@@ -65,6 +65,14 @@
 //     lock writes per cycle; compare prints every implementation's time
 //     as a multiple of etcd's and of the floor's, and the members' and
 //     the clients' CPU time per cycle. Under -short only the 16 run.
+//   - write, handoff-floor-50, wake-floor-50: the references of a FIFO
+//     handoff, run for Floor only (no lock). write is one fsynced Put by a
+//     client of a follower; handoff-floor-50 a bare chain of 50 handoffs
+//     (a link watches the key ahead, reads its own key serializably at or
+//     after the deletion's revision, and deletes it); wake-floor-50 the
+//     same chain without the read. compare prints them in a table of
+//     their own, and fifo-50's time as a multiple of write and of
+//     handoff-floor-50.
 //
 // The idle command (go run ./bench/cmd/idle) measures something else:
 // what idle sessions cost to keep alive. It runs 100 and 1000 sessions of

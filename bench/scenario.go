@@ -101,9 +101,10 @@ var Scenarios = []Scenario{
 	},
 	{
 		Name: "fifo-50", Unit: "handoff", Short: true, N: 1, ShortN: 1,
-		Targets: []Target{RatioAtMost(0.6), RPCsAtMost(2)},
-		Impls:   withCompat,
-		Run:     fifo(50),
+		Targets: []Target{RatioAtMost(0.6), RPCsAtMost(2), RatioVersusAtMost(Ref{"write", Floor.Name}, 1.3),
+			RatioVersusAtMost(Ref{"handoff-floor-50", Floor.Name}, 1.1)},
+		Impls: withCompat,
+		Run:   fifo(50),
 	},
 	{
 		Name: "fifo-300", Unit: "handoff", Short: false, N: 1, ShortN: 1,

@@ -275,3 +275,34 @@ func TestCompatScenarios(t *testing.T) {
 		"many-names-4", "many-names-16", "many-names-64", "many-names-256",
 		"many-names-16-sessions", "many-names-64-sessions", "many-names-256-sessions"}, ran)
 }
+
+// TestFloorReferences runs the references a FIFO handoff is compared with
+// (a bare write, a bare chain of handoffs with and without the waiter's
+// read) small, and checks each makes exactly the requests it stands for.
+func TestFloorReferences(t *testing.T) {
+	env, err := NewEnv(t.TempDir(), 1)
+	require.NoError(t, err)
+	t.Cleanup(env.Close)
+
+	r, err := writeScenario.Run(t.Context(), env, Floor, 3, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, r.Ops)
+	require.Equal(t, 1.0, r.RPCsPerOp(), "a Put each")
+	require.Equal(t, 1.0, r.RevsPerOp())
+
+	const w = 6
+	for _, read := range []bool{true, false} {
+		r, err := handoffFloor(w, read)(t.Context(), env, Floor, 1, nil)
+		require.NoError(t, err)
+		require.EqualValues(t, w, r.Ops)
+		// The first key's delete opens the chain; each link then deletes
+		// its key, after reading it when read is set (one member: the
+		// serializable read is never made again).
+		require.EqualValues(t, w+1, r.Revs)
+		rpcs := int64(w + 1)
+		if read {
+			rpcs += w
+		}
+		require.Equal(t, rpcs, r.RPCs-r.KeepAlives)
+	}
+}

@@ -6,7 +6,9 @@
 // (etcdlock-compat), and a second table sets it beside etcdlock's own API.
 // The many-names scenarios also run the floor, no lock but a Put and a
 // Delete of the key, and a third table prints every implementation's
-// figures as multiples of etcd's and of the floor's.
+// figures as multiples of etcd's and of the floor's. Scenarios that run no
+// lock of ours (the floor's write and bare handoffs, which fifo-50 is
+// compared with) get a table of references of their own.
 //
 //	go run ./bench/cmd/compare -members 1 -rounds 5
 //
@@ -169,9 +171,14 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	fmt.Fprintln(tw, "scenario\tper\tetcdlock time/op\ttheirs time/op\tratio\trpcs/op ours|theirs\tka/op ours|theirs\trevs/op ours|theirs\tallocs/op ours|theirs\tcpu/op etcd+clients ours|theirs\ttheirs\ttargets\tmet")
 	summary := func(ref bench.Ref) bench.Summary { return bench.Summarize(res[ref.Scenario][ref.Impl]) }
 	var queues, servers []bench.Scenario
-	var versus []string // lines for the targets against another scenario
-	var splits []string // lines for the handoffs split into release and admission
+	var versus []string       // lines for the targets against another scenario
+	var splits []string       // lines for the handoffs split into release and admission
+	var refs []bench.Scenario // the references: no lock of ours runs in them
 	for _, sc := range scenarios {
+		if !sc.RunsFor(ours) {
+			refs = append(refs, sc)
+			continue
+		}
 		ref := sc.Theirs()
 		o, t := bench.Summarize(res[sc.Name][ours]), bench.Summarize(res[ref.Scenario][ref.Impl])
 		baseline := sc.Baseline
@@ -206,12 +213,14 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 		for _, t := range sc.Targets {
 			if t.Versus != nil {
 				v := summary(*t.Versus)
-				versus = append(versus, fmt.Sprintf("%s: ours %s = %.2f x %s %s (%s per %s)",
-					sc.Name, duration(o.NsPerOp), bench.Ratio(o, v), t.Versus.Impl, t.Versus.Scenario, timeRange(v), unit(t.Versus.Scenario)))
+				med, lo, hi := roundRatios(res[sc.Name][ours], res[t.Versus.Scenario][t.Versus.Impl])
+				versus = append(versus, fmt.Sprintf("%s: ours %s = %.2f x %s %s (%s per %s); per round %.2f [%.2f-%.2f]",
+					sc.Name, duration(o.NsPerOp), bench.Ratio(o, v), t.Versus.Impl, t.Versus.Scenario, timeRange(v), unit(t.Versus.Scenario), med, lo, hi))
 			}
 		}
 	}
 	tw.Flush()
+	printRefs(w, refs, res)
 	printCompat(w, scenarios, res)
 	printFloor(w, scenarios, res)
 	if len(versus) > 0 {
@@ -244,6 +253,34 @@ func printTables(w io.Writer, version string, members, rounds int, scenarios []b
 	}
 	tw.Flush()
 	printServer(w, servers, res)
+}
+
+// printRefs prints the scenarios that run no lock of ours (the floor's
+// write and handoffs), each implementation's figures with its time as a
+// multiple of the scenario's Versus.
+func printRefs(w io.Writer, refs []bench.Scenario, res results) {
+	if len(refs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nreferences (no lock: what any lock on etcd pays), medians [min-max]; ratio = time / the reference's, per round: median [min-max] of it within each round\n\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\tper\timpl\ttime/op\tvs\tratio\tper round\trpcs/op\trevs/op\tcpu/op etcd+clients")
+	for _, sc := range refs {
+		ref := sc.Theirs()
+		v := res[ref.Scenario][ref.Impl]
+		for _, impl := range bench.AllImpls {
+			rs := res[sc.Name][impl.Name]
+			if !sc.RunsFor(impl.Name) || len(rs) == 0 {
+				continue
+			}
+			s := bench.Summarize(rs)
+			med, lo, hi := roundRatios(rs, v)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s %s\t%.3f\t%.2f [%.2f-%.2f]\t%.2f\t%.2f\t%s+%s\n",
+				sc.Name, sc.Unit, impl.Name, timeRange(s), ref.Impl, ref.Scenario, bench.Ratio(s, bench.Summarize(v)), med, lo, hi,
+				s.RPCsPerOp, s.RevsPerOp, duration(s.ServerCPUPerOp), duration(s.ClientCPUPerOp))
+		}
+	}
+	tw.Flush()
 }
 
 // printCompat prints, for the scenarios that ran for the concurrency
@@ -285,14 +322,14 @@ func printCompat(w io.Writer, scenarios []bench.Scenario, res results) {
 	}
 }
 
-// printFloor prints, for the scenarios that ran the floor (the
-// many-names ones), every implementation's row, the floor's too: its time
+// printFloor prints, for the scenarios that ran the floor beside the
+// locks (the many-names ones), every implementation's row, the floor's too: its time
 // per operation as a multiple of etcd's Mutex's and of the floor's, and
 // what an operation costs the etcd members and this process.
 func printFloor(w io.Writer, scenarios []bench.Scenario, res results) {
 	var ran []bench.Scenario
 	for _, sc := range scenarios {
-		if sc.RunsFor(bench.Floor.Name) {
+		if sc.RunsFor(bench.Floor.Name) && sc.RunsFor(bench.Etcdlock.Name) {
 			ran = append(ran, sc)
 		}
 	}
