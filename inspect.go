@@ -202,6 +202,9 @@ func InspectLock(ctx context.Context, cli *clientv3.Client, name string, opts ..
 		opt(&o)
 	}
 	q, err := readLock(ctx, cli, name, o)
+	if refused(err) {
+		return nil, readRefusedErr("a read of lock "+name, name+"/", err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -589,6 +592,9 @@ type LockList struct {
 // out counts as waiting. It returns etcd's error if a read fails.
 func ListLocks(ctx context.Context, cli *clientv3.Client, prefix string) (*LockList, error) {
 	byName, rev, err := readKeysUnder(ctx, cli, prefix)
+	if refused(err) {
+		return nil, readRefusedErr("a listing of the locks under "+strconv.Quote(prefix), prefix, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -158,16 +158,23 @@ const (
 // once etcd answered an attempt, or after an error that does not pass, or
 // when the session ends. It then returns ctx's error if ctx has ended (the
 // caller removes the key, if any, by name), or an error matching
-// ErrSessionExpired that says the key is left to the lease.
+// ErrSessionExpired that says the key is left to the lease. A refusal of
+// the first attempt comes back as notWritten: etcd applied nothing, and
+// fail removes nothing.
 func (q *queue) join(ctx context.Context, mode KeyMode, val string) (*clientv3.TxnResponse, error) {
+	attempts := 0
 	resp, err := retry(ctx, q.passes(ctx), func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		attempts++
 		resp, err := q.place(ctx, mode, val)
 		if err != nil {
 			return nil, q.rpcErr(err)
 		}
 		return resp, nil
 	})
-	if err != nil {
+	switch {
+	case err != nil && attempts == 1 && refused(err):
+		return nil, notWritten{err} // nothing to remove
+	case err != nil:
 		return nil, q.unknownWrite(ctx, err)
 	}
 	return resp, nil
@@ -291,7 +298,7 @@ func (q *queue) writeCtx(ctx context.Context) (context.Context, context.CancelFu
 // When the session has ended, the key is left to its lease: Close revoked
 // it, or it is expiring, and etcd may be out of reach.
 func (q *queue) fail(ctx context.Context, rev int64, err error) error {
-	if q.s.Err() != nil {
+	if q.s.Err() != nil || isNotWritten(err) {
 		return err
 	}
 	if cerr := q.remove(ctx, rev); cerr != nil {

@@ -3,8 +3,6 @@ package etcdlock
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -149,31 +147,13 @@ func (q *queue) keep(h *hold) {
 	}
 }
 
-// refusedErr explains etcd's refusal err of a Lock of q: etcd does not
-// say which key it refused, so it names every prefix the Lock reads and
-// writes, and the command that prints the grants.
-func (q *queue) refusedErr(err error) error {
-	pfxs := q.quotedPrefixes()
-	grants := "etcdlock grants"
-	if q.opts.records() {
-		pfxs = append(pfxs, strconv.Quote(q.delayPfx()))
-		if q.opts.delay > 0 {
-			grants += " --lock-delay"
-		} else {
-			grants += " --min-hold"
-		}
-	}
-	return errorf("a lock of %s reads and writes the keys with prefix %s, and its user needs readwrite permission on each ('%s NAME...' prints the etcdctl lines): %w",
-		q.label(), strings.Join(pfxs, " and "), grants, err)
-}
-
 // take is lockValue's acquisition, once the call is found valid: it
 // returns the hold, which lockValue makes q's. A refusal by etcd is
 // explained (refusedErr) on the way out.
 func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (_ *hold, err error) {
 	defer func() {
 		if refused(err) {
-			err = q.refusedErr(err)
+			err = q.refusedErr(ctx, err)
 		}
 	}()
 	if err := ctx.Err(); err != nil {

@@ -79,9 +79,7 @@ func RequestRelease(ctx context.Context, cli *clientv3.Client, name string) erro
 			}
 			continue
 		case refused(err):
-			// etcd does not say which key it refused: name both ranges.
-			return errorf("a release request on %s reads the keys with prefix %q and writes those with prefix %q, and its user needs permission for both ('etcdlock grants --requests NAME...' prints the etcdctl lines): %w",
-				name, name+"/", ReleaseRequestPrefix+name+"/", err)
+			return requestRefusedErr(ctx, cli, name, err)
 		case !transient(err):
 			return err
 		}

@@ -610,8 +610,9 @@ func TestReleaseRequestedWithoutPermission(t *testing.T) {
 }
 
 // TestRequestReleasePermission: a request by a user who may read the lock
-// but not write its request keys is refused, and the error names both
-// ranges and the grants command (issue 31: it was etcd's bare error).
+// but not write its request keys is refused, and the error names the
+// request keys' range, the one etcd refused (a probe finds it: issue 40),
+// and the grants command (issue 31: it was etcd's bare error).
 func TestRequestReleasePermission(t *testing.T) {
 	t.Parallel()
 	name := "authask"
@@ -621,7 +622,7 @@ func TestRequestReleasePermission(t *testing.T) {
 	require.NoError(t, m.Lock(t.Context()))
 	err := etcdlock.RequestRelease(t.Context(), alice, name)
 	require.ErrorIs(t, err, rpctypes.ErrPermissionDenied)
-	require.ErrorContains(t, err, `a release request on authask reads the keys with prefix "authask/" and writes those with prefix "__etcdlock/release/authask/"`)
+	require.ErrorContains(t, err, `a release request on authask writes the keys with prefix "__etcdlock/release/authask/", which etcd refuses its user`)
 	require.ErrorContains(t, err, "'etcdlock grants --requests NAME...' prints the etcdctl lines")
 	require.NoError(t, m.Unlock(t.Context()))
 }
