@@ -221,6 +221,42 @@ func certCommonName(file string) string {
 type grantNeed struct {
 	also  []string
 	flags []string
+	// probed says refused holds the prefixes etcd refuses the user to
+	// write, of the key refused and of also (probeWrites): the message
+	// then names those alone.
+	probed  bool
+	refused []string
+}
+
+// probeWrites finds which of keys etcd refuses cli's user to write, for
+// need: a write that etcd refused names no key, and a user who may write
+// the lock's own keys but not its records is told only of the records.
+// Each key gets a Txn whose compare never holds (a version below 0) and
+// whose Then puts it: etcd checks the permission of every operation of
+// a Txn, whichever branch runs (etcd 3.4 too, for operations not nested
+// in another Txn), and this one writes nothing, not even a revision. On
+// an error other than a refusal need is left unprobed.
+func probeWrites(ctx context.Context, cli *clientv3.Client, need *grantNeed, keys ...string) {
+	var refused []string
+	for _, k := range keys {
+		_, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.Version(k), "<", 0)).Then(clientv3.OpPut(k, "")).Commit()
+		switch {
+		case errors.Is(err, rpctypes.ErrPermissionDenied):
+			refused = append(refused, keyPrefix(k))
+		case err != nil:
+			return
+		}
+	}
+	need.probed, need.refused = true, refused
+}
+
+// keyPrefix is key up to its last "/", included: a lock's key
+// (NAME/<lease>) gives the lock's prefix, its record's the record's.
+func keyPrefix(key string) string {
+	if i := strings.LastIndex(key, "/"); i >= 0 {
+		return key[:i+1]
+	}
+	return key
 }
 
 // explain rewrites etcd's terse authorization errors into what to do about
@@ -239,21 +275,27 @@ func (c *connFlags) explain(err error, access, key string, need *grantNeed) erro
 	case errors.Is(err, rpctypes.ErrPermissionDenied):
 		// The same exit code from every command: a script tells a refused
 		// user from a lock held or lost.
-		pfx := key
-		if i := strings.LastIndex(key, "/"); i >= 0 {
-			pfx = key[:i+1]
-		}
+		pfx := keyPrefix(key)
 		hint := fmt.Sprintf("run and elect need readwrite permission on the keys with prefix %q; status, ls and elect --listen read", pfx)
 		what := fmt.Sprintf("%s %q", access, key)
 		switch {
 		case need != nil && len(need.also) > 0:
-			// The refused write may have been to another key: etcd does
-			// not say which.
 			quoted := make([]string, len(need.also))
 			for i, a := range need.also {
 				quoted[i] = strconv.Quote(a)
 			}
-			what += ", or one of those with prefix " + strings.Join(quoted, " or ")
+			if need.probed && len(need.refused) > 0 {
+				// The probe found which: name those alone.
+				refused := make([]string, len(need.refused))
+				for i, r := range need.refused {
+					refused[i] = strconv.Quote(r)
+				}
+				what = "write the keys with prefix " + strings.Join(refused, " or ")
+			} else {
+				// The refused write may have been to another key: etcd
+				// does not say which.
+				what += ", or one of those with prefix " + strings.Join(quoted, " or ")
+			}
 			// The grants command whose lines cover them all: the flags
 			// say which records, and the name is the lock's.
 			cmd := append(append([]string{"etcdlock", "grants", "--role", "ROLE"}, need.flags...), "--", strings.TrimSuffix(pfx, "/"))

@@ -13,11 +13,20 @@ import (
 // a lock, as the etcdctl command lines that grant them.
 
 const grantsHelp = `Usage: etcdlock grants [flags] NAME...
+       etcdlock grants [flags] --prefix PREFIX...
 
 Prints the 'etcdctl role grant-permission' lines that give an etcd role
-exactly what etcdlock needs on each lock NAME, and nothing more: apply
-them to the role of the users that run etcdlock (or a program of this
-library) with authentication on.
+exactly what etcdlock needs on each lock NAME, or on every lock whose
+name begins with PREFIX, and nothing more: apply them to the role of the
+users that run etcdlock (or a program of this library) with
+authentication on.
+
+  --prefix PREFIX            every lock whose name begins with PREFIX,
+                             as a team's role on its own prefix: the
+                             keys with prefix PREFIX, and with the flags
+                             below __etcdlock/delay/PREFIX and
+                             __etcdlock/release/PREFIX (repeat it for
+                             several; NAMEs may be given beside it)
 
   run, elect, a Mutex, ...   readwrite on the keys with prefix NAME/
   --lock-delay, --min-hold   also readwrite on __etcdlock/delay/NAME/
@@ -31,9 +40,11 @@ library) with authentication on.
                              with the flags above
 
 A lock name is taken as etcd's Mutex takes it: its keys are NAME/ and a
-lease ID, so "/my-lock/" needs the prefix "/my-lock//". A role or NAME
-that begins with "-" gets "--prefix --" before the role: etcdctl would
-take it for a flag.
+lease ID, so "/my-lock/" needs the prefix "/my-lock//". A PREFIX is taken
+as etcd takes a key prefix: "jobs/" covers the lock "jobs/backup", and
+"jobs" would also cover "jobs2/backup". A role, NAME or PREFIX that
+begins with "-" gets "--prefix --" before the role: etcdctl would take
+it for a flag.
 `
 
 func cmdGrants(args []string, stdout, _ io.Writer) error {
@@ -43,6 +54,11 @@ func cmdGrants(args []string, stdout, _ io.Writer) error {
 	minHold := fs.Bool("min-hold", false, "the locks take a minimum hold: also its records' keys (those of --lock-delay)")
 	requests := fs.Bool("requests", false, "release requests are made or heard: also the request keys")
 	observe := fs.Bool("observe-only", false, "read only: status, ls NAME, elect --listen")
+	var prefixes []string
+	fs.Func("prefix", "every lock whose name begins with `PREFIX` (repeatable)", func(p string) error {
+		prefixes = append(prefixes, p)
+		return nil
+	})
 	// Flags may come between the names: parse as many names as there are
 	// arguments.
 	names, rest, _, err := parseArgs(fs, args, len(args), grantsHelp, stdout)
@@ -51,8 +67,8 @@ func cmdGrants(args []string, stdout, _ io.Writer) error {
 	}
 	names = append(names, rest...)
 	switch {
-	case len(names) == 0:
-		return usageErr("grants", "missing lock NAME")
+	case len(names) == 0 && len(prefixes) == 0:
+		return usageErr("grants", "missing lock NAME (or --prefix PREFIX)")
 	case *role == "":
 		return usageErr("grants", "empty --role")
 	}
@@ -64,14 +80,44 @@ func cmdGrants(args []string, stdout, _ io.Writer) error {
 			return err
 		}
 	}
+	for _, p := range prefixes {
+		if err := prefixErr(p); err != nil {
+			return err
+		}
+	}
 	perm := "readwrite"
 	if *observe {
 		perm = "read"
 	}
 	for _, n := range names {
+		for _, p := range grantPrefixes(n+"/", *delay || *minHold, *requests) {
+			fmt.Fprintln(stdout, grantLine(*role, perm, p))
+		}
+	}
+	for _, n := range prefixes {
 		for _, p := range grantPrefixes(n, *delay || *minHold, *requests) {
 			fmt.Fprintln(stdout, grantLine(*role, perm, p))
 		}
+	}
+	return nil
+}
+
+// prefixErr says what is wrong with a --prefix p, as usage: nothing
+// (every key, which needs no prefix: etcdctl's --from-key ""), a prefix
+// of the library's own records, under which no lock's name begins, or a
+// prefix of "__etcdlock/", whose keys hold every lock's records.
+func prefixErr(p string) error {
+	switch {
+	case p == "":
+		return usageErr("grants", `empty --prefix: that is every key (etcdctl grants it with --from-key "")`)
+	case len(p) > etcdlock.MaxNameLen:
+		return usageErr("grants", "--prefix is %d bytes, longer than a lock name may be (%d)", len(p), etcdlock.MaxNameLen)
+	case strings.HasPrefix(p, "__etcdlock/"):
+		return usageErr("grants", `--prefix %q: no lock's name begins with it ("__etcdlock" and the names under "__etcdlock/" are the library's own)`, p)
+	case strings.HasPrefix("__etcdlock/", p):
+		// "_", "__etcdlock": the keys with it hold the library's records
+		// of every lock, other teams' too.
+		return usageErr("grants", `--prefix %q would also grant the records under "__etcdlock/" of every lock, whatever its name: give a longer one`, p)
 	}
 	return nil
 }
@@ -86,14 +132,16 @@ func grantLine(role, perm, p string) string {
 	return fmt.Sprintf("etcdctl role grant-permission %s %s --prefix %s", shellQuote(role), perm, shellQuote(p))
 }
 
-// grantPrefixes returns the key prefixes the uses of lock name touch.
-func grantPrefixes(name string, delay, requests bool) []string {
-	pfxs := []string{name + "/"}
+// grantPrefixes returns the key prefixes the uses of the locks whose keys
+// begin with p touch: p itself ("NAME/" for one lock), and the records
+// under the library's prefixes that the flags name.
+func grantPrefixes(p string, delay, requests bool) []string {
+	pfxs := []string{p}
 	if delay {
-		pfxs = append(pfxs, etcdlock.LockDelayPrefix+name+"/")
+		pfxs = append(pfxs, etcdlock.LockDelayPrefix+p)
 	}
 	if requests {
-		pfxs = append(pfxs, etcdlock.ReleaseRequestPrefix+name+"/")
+		pfxs = append(pfxs, etcdlock.ReleaseRequestPrefix+p)
 	}
 	return pfxs
 }

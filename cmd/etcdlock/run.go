@@ -19,6 +19,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -678,6 +679,16 @@ func (r *lockRun) acquire(try bool, timeout time.Duration, quiet bool) error {
 			if r.minHold > 0 {
 				need.flags = append(need.flags, "--min-hold")
 			}
+			if errors.Is(err, rpctypes.ErrPermissionDenied) {
+				pctx, cancel := context.WithTimeout(ctx, r.conn.dialTimeout)
+				probeWrites(pctx, r.cli, need, r.m.Key(), etcdlock.LockDelayPrefix+r.m.Key())
+				cancel()
+			}
+		}
+		if errors.Is(err, rpctypes.ErrPermissionDenied) {
+			// The library's explanation of it is explain's, in the
+			// command's words (the user, the grants line to run).
+			err = rpctypes.ErrPermissionDenied
 		}
 		return r.conn.explain(fmt.Errorf("%s: %w", r.what(), err), "write key", r.m.Key(), need)
 	}
