@@ -72,6 +72,10 @@ var (
 	// fencing token has already fenced the key: a newer holder has
 	// written, so the caller's exclusive hold has ended, or is about to.
 	ErrStaleToken = errors.New("etcdlock: stale fencing token: a newer holder has written")
+	// ErrNotInQueue is returned by Evict when the key is not in the
+	// lock's queue with the token given: it left, or it is a later
+	// hold's of the same lease.
+	ErrNotInQueue = errors.New("etcdlock: no such key in the lock's queue")
 )
 
 // prefix starts the message of every error of this package, exactly once.

@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 
@@ -48,4 +49,44 @@ func ExampleRequestRelease() {
 	// Output:
 	// asked to release
 	// asking a free lock: etcdlock: lock is not held by anyone: example/ingest
+}
+
+// Break a wedged hold: an operator reads who holds, and evicts that hold
+// by its key and token (etcdlock break does the same). The holder is not
+// asked: it learns its hold is lost, and its writes are refused where
+// they are fenced once a later holder has written.
+func ExampleEvict() {
+	ctx := context.Background()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+	s, err := etcdlock.NewSession(ctx, cli)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	wedged := etcdlock.NewMutex(s, "example/evict")
+	if err := wedged.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	// The operator, with a client of its own.
+	q, err := etcdlock.InspectLock(ctx, cli, "example/evict")
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := q.Holders()[0]
+	if err := etcdlock.Evict(ctx, cli, "example/evict", h.Key, h.Token); err != nil {
+		log.Fatal(err)
+	}
+
+	<-wedged.Done()
+	fmt.Println("holder told:", errors.Is(wedged.Err(), etcdlock.ErrLockLost))
+	err = etcdlock.Evict(ctx, cli, "example/evict", h.Key, h.Token)
+	fmt.Println("again:", errors.Is(err, etcdlock.ErrNotInQueue))
+	// Output:
+	// holder told: true
+	// again: true
 }

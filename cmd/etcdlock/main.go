@@ -156,8 +156,12 @@ Usage:
   etcdlock release [flags] NAME               ask the holders of NAME to release it
                                               (run and elect --on-release SIGNAL
                                               pass the request on to CMD)
+  etcdlock break [flags] NAME                 end the hold of NAME from outside
+                                              (after asking; --yes), printing
+                                              its fencing token
   etcdlock grants [flags] NAME...             print the etcdctl lines that grant a
                                               role what the uses of NAME need
+                                              (--prefix P: of every lock under P)
   etcdlock version                            show the versions of etcdlock, Go
                                               and the etcd client
   etcdlock help [COMMAND]                     show help
@@ -265,6 +269,8 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		return cmdRelease(rest, stdout, stderr)
 	case "grants":
 		return cmdGrants(rest, stdout, stderr)
+	case "break":
+		return cmdBreak(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		return cmdVersion(rest, stdout)
 	case demoHolderCmd:
