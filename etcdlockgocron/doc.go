@@ -49,6 +49,11 @@
 // passed. (A write etcd applied but answered late holds the lock until
 // its answer comes: the replica's session then removes its key.)
 //
+// Each lock records which replica took it and when, by its clock
+// (WithIdentity; by default "HOST:PID"): `etcdlock status` and `etcdlock
+// ls` show it. A skipped tick's error says which replica holds, or that
+// the minimum hold of a run whose replica stopped keeps the tick out.
+//
 // # Elector: one leader runs everything
 //
 //	elector, err := etcdlockgocron.NewElector(cli, "billing/scheduler", hostname)

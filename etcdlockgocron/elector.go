@@ -38,7 +38,8 @@ type Elector struct {
 
 // NewElector starts campaigning, through cli, in the election called
 // name, with value as this replica's proposal (for example its host
-// name: `etcdlock status NAME` shows it). It makes no RPC. It returns an
+// name: `etcdlock status NAME` shows it); an empty value campaigns with
+// the replica's identity (WithIdentity, by default "HOST:PID"). It makes no RPC. It returns an
 // error wrapping etcdlock.ErrInvalidOption for a nil cli, an invalid
 // Option or session option, and etcdlock.ErrInvalidName for an invalid
 // name. What only etcdlock.Lead checks, the value, ends the campaign at
@@ -66,6 +67,12 @@ func NewElector(cli *clientv3.Client, name, value string, opts ...Option) (*Elec
 	}
 	if err := etcdlock.CheckSessionOptions(o.session...); err != nil {
 		return nil, fmt.Errorf("etcdlockgocron: %w", err)
+	}
+	if value == "" {
+		value = o.identity
+		if !o.identitySet {
+			value = defaultIdentity()
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Elector{name: name, delay: o.delay, cancel: cancel, done: make(chan struct{})}

@@ -23,10 +23,11 @@ import (
 // replica cut off longer than the TTL takes part again once etcd is
 // back. Close ends it.
 type Locker struct {
-	cli     *clientv3.Client
-	minHold time.Duration
-	prefix  string
-	session []etcdlock.SessionOption
+	cli      *clientv3.Client
+	minHold  time.Duration
+	prefix   string
+	session  []etcdlock.SessionOption
+	identity string // WithIdentity's, or defaultIdentity
 
 	// starting is a token, held by the Lock that makes a new session:
 	// the Locks that need one meanwhile wait for it (or for their ctx)
@@ -79,11 +80,15 @@ func NewLocker(cli *clientv3.Client, minHold time.Duration, opts ...Option) (*Lo
 	if err := etcdlock.CheckSessionOptions(o.session...); err != nil {
 		return nil, fmt.Errorf("etcdlockgocron: %w", err)
 	}
+	if !o.identitySet {
+		o.identity = defaultIdentity()
+	}
 	return &Locker{
 		cli:      cli,
 		minHold:  minHold,
 		prefix:   o.prefix,
 		session:  o.session,
+		identity: o.identity,
 		starting: make(chan struct{}, 1),
 	}, nil
 }
@@ -96,7 +101,10 @@ func NewLocker(cli *clientv3.Client, minHold time.Duration, opts ...Option) (*Lo
 //
 // Lock returns an error matching etcdlock.ErrLocked when another replica
 // holds the lock: it runs the tick, or ran it less than the minimum hold
-// ago, or runs an earlier one still. A run of the job still under way on
+// ago, or runs an earlier one still. The error says which replica (its
+// WithIdentity), or that the record of a run that ended keeps the tick
+// out until its minimum hold has passed: that costs a read, on a skipped
+// tick only. A run of the job still under way on
 // this replica holds it too. Lock is bounded by ctx and by the minimum
 // hold: an attempt that etcd has not answered by then fails with
 // context.DeadlineExceeded, as a lock taken later could be taken after
@@ -114,9 +122,9 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcdlockgocron: lock job %q: %w", key, err)
 	}
-	m := etcdlock.NewMutex(s, l.prefix+key, etcdlock.WithMinHold(l.minHold))
+	m := etcdlock.NewMutex(s, l.prefix+key, etcdlock.WithMinHold(l.minHold), etcdlock.WithIdentity(newRecord(l.identity)))
 	if err := m.TryLock(ctx); err != nil {
-		return nil, fmt.Errorf("etcdlockgocron: lock job %q: %w", key, err)
+		return nil, fmt.Errorf("etcdlockgocron: lock job %q: %w", key, whoHolds(ctx, l.cli, l.prefix+key, err))
 	}
 	return jobLock{m}, nil
 }

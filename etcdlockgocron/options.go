@@ -29,6 +29,10 @@ type options struct {
 	yield     bool          // YieldOnRequest, for an Elector
 	delay     time.Duration // WithTakeoverDelay's, for an Elector
 	delaySet  bool          // WithTakeoverDelay was given
+	// identity is WithIdentity's, set by the constructor to
+	// defaultIdentity when none was given.
+	identity    string
+	identitySet bool
 }
 
 // apply applies opts to o.

@@ -103,9 +103,7 @@ type lsHolderJSON struct {
 	// From etcdlock run's record: who it is, and when it joined the queue
 	// by its own clock. HeldSince is set when it got the lock the moment
 	// it joined (etcd's history shows so): then it is QueuedAt.
-	Host      string     `json:"host,omitempty"`
-	PID       int        `json:"pid,omitempty"`
-	Command   string     `json:"command,omitempty"`
+	whoJSON
 	QueuedAt  *time.Time `json:"queued_at,omitempty"`
 	HeldSince *time.Time `json:"held_since,omitempty"`
 }
@@ -168,7 +166,7 @@ func newLsLock(ctx context.Context, cli *clientv3.Client, name string, holders [
 	for _, h := range holders {
 		hj := lsHolderJSON{Key: h.Key, KeyBase64: base64IfInvalid(h.Key), Lease: fmt.Sprintf("%x", int64(h.Lease)), Token: h.Token, Mode: h.Mode.String(), Identity: identityJSON(h.Identity)}
 		if rec, ok := record(ctx, cli, name, h); ok {
-			hj.Host, hj.PID, hj.Command, hj.QueuedAt, hj.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
+			hj.whoJSON, hj.QueuedAt, hj.HeldSince = rec.whoJSON, rec.Queued, rec.HeldSince
 		} else if len(h.Value) > 0 && h.Identity == "" && h.Mode.Exclusive() && !h.InSet {
 			v := string(h.Value)
 			hj.Value = &v
@@ -226,7 +224,7 @@ func under(prefix string) string {
 func (h lsHolderJSON) holderText() string {
 	switch {
 	case h.QueuedAt != nil || h.HeldSince != nil:
-		return runRecord{Host: h.Host, PID: h.PID, Command: h.Command}.who()
+		return h.who()
 	case h.Identity != "":
 		return safeText(string(h.Identity))
 	case h.Value != nil:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,19 +16,31 @@ import (
 // runRecord is the identity etcdlock run gives its key, through
 // etcdlock.WithIdentity: the Put that joins the queue writes it, at no
 // extra cost. etcd records no time of its own; Queued is when run joined
-// the queue, by its own clock, not when it got the lock.
+// the queue, by its own clock, not when it got the lock. Other programs
+// write it too (the gocron adapter), and say so in By.
 type runRecord struct {
-	Queued  time.Time `json:"queued"`
-	Host    string    `json:"host,omitempty"`
-	PID     int       `json:"pid,omitempty"`
-	Command string    `json:"command,omitempty"` // CMD's name, without arguments
+	Queued time.Time `json:"queued"`
+	whoJSON
+}
+
+// whoJSON is who a key's holder says it is, in its record (runRecord),
+// and in status and ls --json.
+type whoJSON struct {
+	Host    string `json:"host,omitempty"`
+	PID     int    `json:"pid,omitempty"`
+	Command string `json:"command,omitempty"` // run's CMD's name, without arguments
+	// By is the program that wrote the record when it is not etcdlock
+	// run ("etcdlockgocron"), and Name the name it gave itself (a
+	// replica's WithIdentity).
+	By   string `json:"by,omitempty"`
+	Name string `json:"name,omitempty"`
 }
 
 // newRunRecord returns run's identity, queued now, for CMD cmdName ("":
 // none).
 func newRunRecord(cmdName string) string {
 	host, _ := os.Hostname()
-	b, err := json.Marshal(runRecord{Queued: time.Now().UTC(), Host: host, PID: os.Getpid(), Command: cmdName})
+	b, err := json.Marshal(runRecord{Queued: time.Now().UTC(), whoJSON: whoJSON{Host: host, PID: os.Getpid(), Command: cmdName}})
 	if err != nil {
 		return ""
 	}
@@ -44,9 +57,16 @@ func parseRunRecord(identity string) (runRecord, bool) {
 }
 
 // who describes the holder of a record: "etcdlock run sh, pid 12 on host",
-// its command and host as safeText shows them.
-func (rec runRecord) who() string {
+// or "etcdlockgocron "replica-1", pid 12 on host", its command, name and
+// host as safeText shows them.
+func (rec whoJSON) who() string {
 	s := "etcdlock run"
+	if rec.By != "" {
+		s = safeText(rec.By)
+	}
+	if rec.Name != "" {
+		s += " " + strconv.Quote(rec.Name)
+	}
 	if rec.Command != "" {
 		s += " " + safeText(rec.Command)
 	}
@@ -62,9 +82,7 @@ func (rec runRecord) who() string {
 // A selfRecord is what a holder recorded about itself, as status and ls
 // show it.
 type selfRecord struct {
-	Host    string
-	PID     int
-	Command string
+	whoJSON
 	// Queued is when it joined the queue (etcdlock run's identity), and
 	// HeldSince when its hold began, when that is known: run's Queued if
 	// it got the lock the moment it joined, or the time an older etcdlock
@@ -81,7 +99,7 @@ type recordReader func(ctx context.Context, cli *clientv3.Client, name string, k
 // etcd's history whether k got the lock the moment it joined (one read).
 func readSelfRecord(ctx context.Context, cli *clientv3.Client, name string, k etcdlock.QueueKey) (selfRecord, bool) {
 	if rec, ok := parseRunRecord(k.Identity); ok {
-		r := selfRecord{Host: rec.Host, PID: rec.PID, Command: rec.Command, Queued: &rec.Queued}
+		r := selfRecord{whoJSON: rec.whoJSON, Queued: &rec.Queued}
 		if heldFromQueued(ctx, cli, name, k) {
 			r.HeldSince = r.Queued
 		}
@@ -91,7 +109,7 @@ func readSelfRecord(ctx context.Context, cli *clientv3.Client, name string, k et
 	// it held the lock.
 	var old holderRecord
 	if k.Identity == "" && k.Mode.Exclusive() && json.Unmarshal(k.Value, &old) == nil && !old.Since.IsZero() {
-		return selfRecord{Host: old.Host, PID: old.PID, Command: old.Command, HeldSince: &old.Since}, true
+		return selfRecord{whoJSON: whoJSON{Host: old.Host, PID: old.PID, Command: old.Command}, HeldSince: &old.Since}, true
 	}
 	return selfRecord{}, false
 }

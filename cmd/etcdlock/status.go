@@ -161,10 +161,8 @@ type holderJSON struct {
 	// records when it joined the queue, QueuedAt; HeldSince is that time
 	// when etcd's history shows it got the lock the moment it joined.
 	HeldSince *time.Time `json:"held_since,omitempty"`
-	Host      string     `json:"host,omitempty"`
-	PID       int        `json:"pid,omitempty"`
-	Command   string     `json:"command,omitempty"`
-	QueuedAt  *time.Time `json:"queued_at,omitempty"`
+	whoJSON
+	QueuedAt *time.Time `json:"queued_at,omitempty"`
 	// The key's value when it is neither a mode nor a holder's record: an
 	// election leader's proposal (etcdlock elect, etcdctl elect, etcd's
 	// and this package's Election), or whatever else the holder put.
@@ -200,9 +198,7 @@ type waiterJSON struct {
 	// Who the waiter is, as it recorded itself: etcdlock run's host,
 	// pid and command, or a library lock's WithIdentity; absent if
 	// nothing was recorded.
-	Host     string       `json:"host,omitempty"`
-	PID      int          `json:"pid,omitempty"`
-	Command  string       `json:"command,omitempty"`
+	whoJSON
 	Identity identityJSON `json:"identity,omitempty"`
 
 	who string // its one-line description (whoOf), for the text output
@@ -264,7 +260,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 	for i, k := range q.Waiters() {
 		w := waiterJSON{Position: i + 1, Key: k.Key, KeyBase64: base64IfInvalid(k.Key), Lease: fmt.Sprintf("%x", int64(k.Lease)), Token: k.Token, modeJSON: newModeJSON(k.Mode), WaitsFor: k.WaitsFor, WaitsForBase64: base64IfInvalid(k.WaitsFor), who: whoOf(k)}
 		if rec, ok := parseRunRecord(k.Identity); ok {
-			w.Host, w.PID, w.Command = rec.Host, rec.PID, rec.Command
+			w.whoJSON = rec.whoJSON
 		} else {
 			w.Identity = identityJSON(k.Identity)
 		}
@@ -283,7 +279,7 @@ func newStatus(ctx context.Context, cli *clientv3.Client, q *etcdlock.LockQueue,
 			h.LeaseTTL, h.LeaseTTLLeft = &k.GrantedTTL, &k.TTL
 		}
 		if rec, ok := record(ctx, cli, name, k); ok {
-			h.Host, h.PID, h.Command, h.QueuedAt, h.HeldSince = rec.Host, rec.PID, rec.Command, rec.Queued, rec.HeldSince
+			h.whoJSON, h.QueuedAt, h.HeldSince = rec.whoJSON, rec.Queued, rec.HeldSince
 		} else if len(k.Value) > 0 && k.Identity == "" && k.Mode.Exclusive() && !k.InSet {
 			v := string(k.Value)
 			h.Value = &v
@@ -491,7 +487,13 @@ func (h *holderJSON) leaseText() string {
 // command and host as safeText shows them. HeldSince or QueuedAt must be
 // set.
 func (h *holderJSON) sinceText(now time.Time) string {
-	who := ""
+	who := "etcdlock run"
+	if h.By != "" {
+		who = safeText(h.By)
+	}
+	if h.Name != "" {
+		who += " " + strconv.Quote(h.Name)
+	}
 	if h.Command != "" {
 		who += " running " + safeText(h.Command)
 	}
@@ -503,10 +505,10 @@ func (h *holderJSON) sinceText(now time.Time) string {
 	}
 	const layout = "2006-01-02 15:04:05.000 MST"
 	if h.HeldSince == nil {
-		return fmt.Sprintf("held since: unknown, at most %s: the holder joined the queue at %s by its clock, and etcd's history does not show it got the lock then\nholder: etcdlock run%s",
+		return fmt.Sprintf("held since: unknown, at most %s: the holder joined the queue at %s by its clock, and etcd's history does not show it got the lock then\nholder: %s",
 			fmtDur(max(0, now.Sub(*h.QueuedAt))), h.QueuedAt.Local().Format(layout), who)
 	}
-	return fmt.Sprintf("held since: %s (%s ago), as recorded by the holder's clock\nholder: etcdlock run%s",
+	return fmt.Sprintf("held since: %s (%s ago), as recorded by the holder's clock\nholder: %s",
 		h.HeldSince.Local().Format(layout), fmtDur(max(0, now.Sub(*h.HeldSince))), who)
 }
 
@@ -614,7 +616,7 @@ func statusLine(st *statusJSON) string {
 	about := fmt.Sprintf("token %d", h.Token)
 	switch {
 	case h.QueuedAt != nil || h.HeldSince != nil:
-		about += ", " + runRecord{Host: h.Host, PID: h.PID, Command: h.Command}.who()
+		about += ", " + h.who()
 	case h.Value != nil:
 		about += ", value " + strconv.Quote(*h.Value)
 	}

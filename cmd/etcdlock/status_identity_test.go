@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdlockgocron"
 	"github.com/stretchr/testify/require"
 )
 
@@ -84,4 +85,38 @@ func TestStatusWaiterIdentity(t *testing.T) {
 	require.NoError(t, s.Close())
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	p.wait(t)
+}
+
+// TestStatusGocronHolder (issue 40): a lock of the gocron adapter's
+// Locker shows, in status and ls, since when it is held and which
+// replica holds it, where it showed "held since: unknown" and "?".
+func TestStatusGocronHolder(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t)
+	name := lockName(t)
+	l, err := etcdlockgocron.NewLocker(cli, time.Second, etcdlockgocron.WithPrefix(name+"/"), etcdlockgocron.WithIdentity("replica-a"))
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	lock, err := l.Lock(t.Context(), "job")
+	require.NoError(t, err)
+	defer lock.Unlock(t.Context())
+	host, _ := os.Hostname()
+
+	r := runProc(t, nil, "status", ep(), name+"/job")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `\nheld since: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \S+ \(\S+ ago\), as recorded by the holder's clock\n`, r.stdout)
+	require.Contains(t, r.stdout, fmt.Sprintf("\nholder: etcdlockgocron %q as pid %d on %s\n", "replica-a", os.Getpid(), host))
+
+	r = runProc(t, nil, "ls", ep(), name+"/")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, fmt.Sprintf("etcdlockgocron %q, pid %d on %s", "replica-a", os.Getpid(), host))
+	require.NotContains(t, r.stdout, "?")
+
+	r = runProc(t, nil, "status", "--json", ep(), name+"/job")
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Equal(t, "etcdlockgocron", st.Holder.By)
+	require.Equal(t, "replica-a", st.Holder.Name)
+	require.NotNil(t, st.Holder.HeldSince)
 }

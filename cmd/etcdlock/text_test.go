@@ -51,7 +51,7 @@ func TestTextCannotBeForged(t *testing.T) {
 	// forged: held by a record like etcdlock run's whose host and
 	// command forge rows and clear the screen, with a waiter whose
 	// identity does the same.
-	rec, err := json.Marshal(runRecord{Queued: time.Now().UTC(), Host: "vm\n" + forgedRow, PID: 1, Command: "sleep\x1b[2J\r"})
+	rec, err := json.Marshal(runRecord{Queued: time.Now().UTC(), whoJSON: whoJSON{Host: "vm\n" + forgedRow, PID: 1, Command: "sleep\x1b[2J\r"}})
 	require.NoError(t, err)
 	require.NoError(t, identityMutex(t, cli, forged, string(rec)).Lock(t.Context()))
 	waiter := identityMutex(t, cli, forged, "worker\n"+forgedRow+"\x1b]0;pwned\x07")
