@@ -23,6 +23,8 @@
 //	etcdlock_lease_renewal_duration_seconds           histogram, s: round trip of the renewals that succeeded
 //	etcdlock_lease_renewal_failures_total             counter, {renewal}: renewals that failed
 //	etcdlock_sessions_ended_total{cause}              counter, {session}: sessions ended, by cause (closed, context_ended, client_closed, not_renewed, lease_gone)
+//	etcdlock_locks_lost_total{kind,cause}             counter, {hold}: holds lost, by cause (lease_ended, key_deleted, max_hold, session_closed, unknown)
+//	etcdlock_oldest_hold_age_seconds{kind}            gauge, s: age of the oldest hold of this process not yet ended (0: none)
 //
 // The names are in Prometheus's style, not OpenTelemetry's dotted one
 // (etcdlock.acquire.duration), so that OpenTelemetry's Prometheus exporter
@@ -45,10 +47,12 @@
 // MeterProvider then add up rather than hide each other. Without
 // LockNames they have a series for each kind from the start, at zero;
 // with it, a name's series goes once no waiter (holder) of it is left in
-// this process. The two counters are asynchronous too, fed from counts
-// kept here, so that etcdlock_lease_renewal_failures_total and
-// etcdlock_sessions_ended_total (for each cause) have a series from the
-// start, at zero, as in the Prometheus adapter. A histogram has no series
+// this process. The counters are asynchronous too, fed from counts kept
+// here, so that etcdlock_lease_renewal_failures_total,
+// etcdlock_sessions_ended_total (for each cause) and, without LockNames,
+// etcdlock_locks_lost_total (for each kind and cause) have a series from
+// the start, at zero, as in the Prometheus adapter. The age of the oldest
+// hold is an asynchronous gauge, computed at each collection. A histogram has no series
 // before its first recording (OpenTelemetry has no way to make one):
 // etcdlock_lease_renewal_duration_seconds, which the Prometheus adapter
 // shows from the start, appears with the first renewal.

@@ -115,6 +115,25 @@ func counts(t *testing.T, ms map[string]metricdata.Metrics, name string, monoton
 	return out
 }
 
+// gauge returns the points of a float64 gauge, by their attributes (see
+// counts).
+func gauge(t *testing.T, ms map[string]metricdata.Metrics, name string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	m, ok := ms[name]
+	if !ok {
+		return out
+	}
+	g, ok := m.Data.(metricdata.Gauge[float64])
+	if !ok {
+		t.Fatalf("%s is a %T, want a float64 gauge", name, m.Data)
+	}
+	for _, p := range g.DataPoints {
+		out[encode(p.Attributes)] = p.Value
+	}
+	return out
+}
+
 // histogram returns the points of a histogram, by their attributes (see
 // counts).
 func histogram(t *testing.T, ms map[string]metricdata.Metrics, name string) map[string]metricdata.HistogramDataPoint[float64] {

@@ -3,6 +3,7 @@ package etcdlockotel
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/etcdlock/etcdlock"
 	"go.opentelemetry.io/otel/attribute"
@@ -45,12 +46,38 @@ var (
 		etcdlock.KindSemaphore, etcdlock.KindElection, etcdlock.KindMultiMutex}
 	sessionEnds = []etcdlock.SessionEnd{etcdlock.SessionClosed, etcdlock.SessionContextEnded,
 		etcdlock.SessionClientClosed, etcdlock.SessionNotRenewed, etcdlock.SessionLeaseGone}
+	losses = []etcdlock.HoldEnd{etcdlock.LostLease, etcdlock.LostKeyDeleted, etcdlock.LostMaxHold,
+		etcdlock.LostSessionClosed, etcdlock.LostUnknown}
 )
+
+// lossKey names a series of etcdlock_locks_lost_total; name is "" without
+// lock names.
+type lossKey struct {
+	kind  etcdlock.Kind
+	name  string
+	cause etcdlock.HoldEnd
+}
+
+// heldSince is a hold of this process not yet ended: its lock (name ""
+// without lock names) and when it began.
+type heldSince struct {
+	kind  etcdlock.Kind
+	name  string
+	start time.Time
+}
+
+// nameOf is l's name as the metrics record it: "" without lock names.
+func (t *Telemetry) nameOf(l etcdlock.LockInfo) string {
+	if t.names {
+		return l.Name
+	}
+	return ""
+}
 
 // instruments makes t's instruments with meter, and registers the
 // callback of the asynchronous ones.
 func (t *Telemetry) instruments(meter metric.Meter) error {
-	var errs [8]error
+	var errs [10]error
 	t.acquire, errs[0] = meter.Float64Histogram("etcdlock_acquire_duration_seconds",
 		metric.WithUnit("s"),
 		metric.WithDescription("Time from the start of an acquisition (Lock, RLock, Acquire, Campaign, their Try forms) to its outcome."),
@@ -75,6 +102,12 @@ func (t *Telemetry) instruments(meter metric.Meter) error {
 	t.sessions, errs[6] = meter.Int64ObservableCounter("etcdlock_sessions_ended_total",
 		metric.WithUnit("{session}"),
 		metric.WithDescription("Sessions ended, by cause."))
+	t.lost, errs[7] = meter.Int64ObservableCounter("etcdlock_locks_lost_total",
+		metric.WithUnit("{hold}"),
+		metric.WithDescription("Holds lost (ended without their release), by cause."))
+	t.oldest, errs[8] = meter.Float64ObservableGauge("etcdlock_oldest_hold_age_seconds",
+		metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest hold of this process not yet ended: a hold that never ends shows here long before it does in etcdlock_hold_duration_seconds."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return err
 	}
@@ -87,10 +120,13 @@ func (t *Telemetry) instruments(meter metric.Meter) error {
 		for _, k := range kinds {
 			t.counts[gaugeKey{waiting, k, ""}] = 0
 			t.counts[gaugeKey{holding, k, ""}] = 0
+			for _, c := range losses {
+				t.losses[lossKey{k, "", c}] = 0
+			}
 		}
 	}
-	_, errs[7] = meter.RegisterCallback(t.observe, t.waiters, t.holders, t.failures, t.sessions)
-	return errs[7]
+	_, errs[9] = meter.RegisterCallback(t.observe, t.waiters, t.holders, t.failures, t.sessions, t.lost, t.oldest)
+	return errs[9]
 }
 
 // gauge says which count a gaugeKey is of.
@@ -144,6 +180,29 @@ func (t *Telemetry) observe(_ context.Context, o metric.Observer) error {
 	o.ObserveInt64(t.failures, t.failed)
 	for c, n := range t.ended {
 		o.ObserveInt64(t.sessions, n, metric.WithAttributes(causeAttr.String(c.String())))
+	}
+	for k, n := range t.losses {
+		o.ObserveInt64(t.lost, n, t.lockAttrs(etcdlock.LockInfo{Kind: k.kind, Name: k.name}, causeAttr.String(k.cause.String())))
+	}
+	// The age of the oldest hold of each lock (kind, and name with
+	// names); without names every kind has one, 0 when none is held.
+	type lock struct {
+		kind etcdlock.Kind
+		name string
+	}
+	oldest := map[lock]time.Duration{}
+	if !t.names {
+		for _, k := range kinds {
+			oldest[lock{k, ""}] = 0
+		}
+	}
+	now := t.now()
+	for _, h := range t.current {
+		l := lock{h.kind, h.name}
+		oldest[l] = max(oldest[l], now.Sub(h.start))
+	}
+	for l, age := range oldest {
+		o.ObserveFloat64(t.oldest, age.Seconds(), t.lockAttrs(etcdlock.LockInfo{Kind: l.kind, Name: l.name}))
 	}
 	return nil
 }

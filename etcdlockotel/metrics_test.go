@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdlockotel"
 )
 
 // The Prometheus adapter's help texts: the descriptions must be the same.
@@ -20,6 +21,20 @@ var descriptions = map[string]string{
 	"etcdlock_lease_renewal_duration_seconds": "Round trip of the session lease renewals that succeeded.",
 	"etcdlock_lease_renewal_failures_total":   "Session lease renewals that failed.",
 	"etcdlock_sessions_ended_total":           "Sessions ended, by cause.",
+	"etcdlock_locks_lost_total":               "Holds lost (ended without their release), by cause.",
+	"etcdlock_oldest_hold_age_seconds":        "Age of the oldest hold of this process not yet ended: a hold that never ends shows here long before it does in etcdlock_hold_duration_seconds.",
+}
+
+// zeroLosses is etcdlock_locks_lost_total before any loss: a series per
+// kind and cause, at 0.
+func zeroLosses() map[string]int64 {
+	out := map[string]int64{}
+	for _, k := range []string{"election", "multimutex", "mutex", "rwmutex_read", "rwmutex_write", "semaphore"} {
+		for _, c := range []string{"key_deleted", "lease_ended", "max_hold", "session_closed", "unknown"} {
+			out["cause="+c+",kind="+k] = 0
+		}
+	}
+	return out
 }
 
 // TestMetrics feeds one event of each sort, with fixed durations, and
@@ -27,6 +42,8 @@ var descriptions = map[string]string{
 // values, bucket boundaries; and, before any event, the series at zero.
 func TestMetrics(t *testing.T) {
 	r := newRig(t, false)
+	now := time.Unix(1_800_000_000, 0)
+	etcdlockotel.SetNow(r.tel, func() time.Time { return now })
 
 	// Before any event: the up-down counters have a series per kind, the
 	// session counter one per cause, the failure counter one, all at 0;
@@ -47,8 +64,18 @@ func TestMetrics(t *testing.T) {
 	if got := counts(t, ms, "etcdlock_lease_renewal_failures_total", true); !maps.Equal(got, map[string]int64{"": 0}) {
 		t.Errorf("etcdlock_lease_renewal_failures_total before any event: %v, want one series at 0", got)
 	}
-	if n := len(ms); n != 4 {
-		t.Errorf("%d metrics before any event, want 4 (no histogram): %v", n, slices.Sorted(maps.Keys(ms)))
+	if got := counts(t, ms, "etcdlock_locks_lost_total", true); !maps.Equal(got, zeroLosses()) {
+		t.Errorf("etcdlock_locks_lost_total before any event: %v, want %v", got, zeroLosses())
+	}
+	zeroAges := map[string]float64{}
+	for k := range zeroKinds {
+		zeroAges[k] = 0
+	}
+	if got := gauge(t, ms, "etcdlock_oldest_hold_age_seconds"); !maps.Equal(got, zeroAges) {
+		t.Errorf("etcdlock_oldest_hold_age_seconds before any event: %v, want %v", got, zeroAges)
+	}
+	if n := len(ms); n != 6 {
+		t.Errorf("%d metrics before any event, want 6 (no histogram): %v", n, slices.Sorted(maps.Keys(ms)))
 	}
 
 	h := r.tel.Hooks()
@@ -63,6 +90,7 @@ func TestMetrics(t *testing.T) {
 	h.RenewDone(etcdlock.RenewDoneInfo{Latency: 50 * time.Millisecond, TTL: 15 * time.Second})
 	h.RenewDone(etcdlock.RenewDoneInfo{Latency: time.Second, Err: errors.New("unreachable")})
 	h.SessionDone(etcdlock.SessionDoneInfo{Cause: etcdlock.SessionNotRenewed, Err: etcdlock.ErrSessionExpired})
+	now = now.Add(90 * time.Second) // the mutex's hold is 90s old
 
 	ms = r.collect(t)
 	if got := slices.Sorted(maps.Keys(ms)); !slices.Equal(got, slices.Sorted(maps.Keys(descriptions))) {
@@ -72,6 +100,7 @@ func TestMetrics(t *testing.T) {
 		"etcdlock_acquire_duration_seconds": "s", "etcdlock_hold_duration_seconds": "s", "etcdlock_lease_renewal_duration_seconds": "s",
 		"etcdlock_waiters": "{acquisition}", "etcdlock_holders": "{hold}",
 		"etcdlock_lease_renewal_failures_total": "{renewal}", "etcdlock_sessions_ended_total": "{session}",
+		"etcdlock_locks_lost_total": "{hold}", "etcdlock_oldest_hold_age_seconds": "s",
 	}
 	for name, m := range ms {
 		if m.Description != descriptions[name] || m.Unit != units[name] {
@@ -96,6 +125,16 @@ func TestMetrics(t *testing.T) {
 	}
 	if got := counts(t, ms, "etcdlock_lease_renewal_failures_total", true); !maps.Equal(got, map[string]int64{"": 1}) {
 		t.Errorf("etcdlock_lease_renewal_failures_total %v, want 1", got)
+	}
+	lost := zeroLosses()
+	lost["cause=key_deleted,kind=rwmutex_read"] = 1
+	if got := counts(t, ms, "etcdlock_locks_lost_total", true); !maps.Equal(got, lost) {
+		t.Errorf("etcdlock_locks_lost_total %v, want %v", got, lost)
+	}
+	ages := maps.Clone(zeroAges)
+	ages["kind=mutex"] = 90
+	if got := gauge(t, ms, "etcdlock_oldest_hold_age_seconds"); !maps.Equal(got, ages) {
+		t.Errorf("etcdlock_oldest_hold_age_seconds %v, want %v", got, ages)
 	}
 
 	// The Prometheus adapter's default buckets: 1ms doubling, 22 of them.

@@ -48,12 +48,20 @@ type Telemetry struct {
 	acquire, hold, renewal metric.Float64Histogram
 	waiters, holders       metric.Int64ObservableUpDownCounter
 	failures, sessions     metric.Int64ObservableCounter
+	lost                   metric.Int64ObservableCounter
+	oldest                 metric.Float64ObservableGauge
 
 	// The asynchronous instruments report these at each collection.
 	mu     sync.Mutex
 	counts map[gaugeKey]int64            // guarded by mu; with names, no zero values
 	failed int64                         // guarded by mu: renewals that failed
 	ended  map[etcdlock.SessionEnd]int64 // guarded by mu: sessions ended, by cause
+	losses map[lossKey]int64             // guarded by mu: holds lost, by lock and cause
+	// current are the holds of this process not yet ended, by the key
+	// and token that name one, with when each began: the age of the
+	// oldest is reported at each collection. Guarded by mu.
+	current map[holdKey]heldSince
+	now     func() time.Time
 
 	spansMu sync.Mutex
 	holds   map[holdKey]trace.Span // guarded by spansMu: the hold spans not yet ended
@@ -73,11 +81,14 @@ func New(o Options) (*Telemetry, error) {
 		tp = otel.GetTracerProvider()
 	}
 	t := &Telemetry{
-		names:  o.LockNames,
-		tracer: tp.Tracer(scope),
-		counts: make(map[gaugeKey]int64),
-		ended:  make(map[etcdlock.SessionEnd]int64),
-		holds:  make(map[holdKey]trace.Span),
+		names:   o.LockNames,
+		tracer:  tp.Tracer(scope),
+		counts:  make(map[gaugeKey]int64),
+		ended:   make(map[etcdlock.SessionEnd]int64),
+		losses:  make(map[lossKey]int64),
+		current: make(map[holdKey]heldSince),
+		now:     time.Now,
+		holds:   make(map[holdKey]trace.Span),
 	}
 	if err := t.instruments(mp.Meter(scope)); err != nil {
 		return nil, fmt.Errorf("etcdlockotel: %w", err)
@@ -99,6 +110,9 @@ func (t *Telemetry) Hooks() etcdlock.Hooks {
 			// ends the hold's span started here, cannot come first.
 			if i.Outcome == etcdlock.Acquired {
 				t.add(holding, i.LockInfo, 1)
+				t.mu.Lock()
+				t.current[holdKey{i.Key, i.Token}] = heldSince{i.Kind, t.nameOf(i.LockInfo), t.now()}
+				t.mu.Unlock()
 			}
 			ctx := t.acquireSpan(i, now)
 			t.acquire.Record(ctx, i.Waited.Seconds(), t.lockAttrs(i.LockInfo, outcomeAttr.String(i.Outcome.String())))
@@ -106,6 +120,12 @@ func (t *Telemetry) Hooks() etcdlock.Hooks {
 		HoldDone: func(i etcdlock.HoldDoneInfo) {
 			now := time.Now()
 			t.add(holding, i.LockInfo, -1)
+			t.mu.Lock()
+			delete(t.current, holdKey{i.Key, i.Token})
+			if i.End.Lost() {
+				t.losses[lossKey{i.Kind, t.nameOf(i.LockInfo), i.End}]++
+			}
+			t.mu.Unlock()
 			ctx := t.endHold(i, now)
 			t.hold.Record(ctx, i.Held.Seconds(), t.lockAttrs(i.LockInfo, endAttr.String(i.End.String())))
 		},

@@ -17,9 +17,15 @@
 //	etcdlock_lease_renewal_duration_seconds           histogram: round trip of the renewals that succeeded
 //	etcdlock_lease_renewal_failures_total             counter: renewals that failed
 //	etcdlock_sessions_ended_total{cause}              counter: sessions ended, by cause (closed, context_ended, client_closed, not_renewed, lease_gone)
+//	etcdlock_locks_lost_total{kind,cause}             counter: holds lost, by cause (lease_ended, key_deleted, max_hold, session_closed, unknown)
+//	etcdlock_oldest_hold_age_seconds{kind}            gauge: age of the oldest hold of this process not yet ended (0: none), computed when scraped
 //
-// The gauges (without LockNames) and etcdlock_sessions_ended_total have a
-// series for each kind and cause from the start, at zero.
+// The gauges (without LockNames), etcdlock_sessions_ended_total and
+// etcdlock_locks_lost_total have a series for each kind and cause from
+// the start, at zero: an alert on a loss fires on the first one. A hold
+// that never ends (a stuck holder) shows in
+// etcdlock_oldest_hold_age_seconds while it lasts, where the histograms
+// see it only once it ends.
 //
 // Elections won are etcdlock_acquire_duration_seconds_count{kind="election",outcome="acquired"};
 // lost, etcdlock_hold_duration_seconds_count{kind="election",end!="released"}.

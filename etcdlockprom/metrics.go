@@ -2,6 +2,7 @@ package etcdlockprom
 
 import (
 	"sync"
+	"time"
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +39,8 @@ var (
 		etcdlock.KindSemaphore, etcdlock.KindElection, etcdlock.KindMultiMutex}
 	sessionEnds = []etcdlock.SessionEnd{etcdlock.SessionClosed, etcdlock.SessionContextEnded,
 		etcdlock.SessionClientClosed, etcdlock.SessionNotRenewed, etcdlock.SessionLeaseGone}
+	losses = []etcdlock.HoldEnd{etcdlock.LostLease, etcdlock.LostKeyDeleted, etcdlock.LostMaxHold,
+		etcdlock.LostSessionClosed, etcdlock.LostUnknown}
 )
 
 // Metrics is a prometheus.Collector of the events of the sessions whose
@@ -51,6 +54,11 @@ type Metrics struct {
 	// deleted series and be lost, and the Dec that follows it leave -1.
 	mu     sync.Mutex
 	counts map[gaugeKey]int // guarded by mu; no zero values
+	// current are the holds of this process, by the key and token that
+	// name one, with the label values and the start of each: the age of
+	// the oldest is computed when scraped. Guarded by mu.
+	current map[holdID]currentHold
+	now     func() time.Time
 
 	acquire  *prometheus.HistogramVec
 	waiters  *prometheus.GaugeVec
@@ -59,6 +67,20 @@ type Metrics struct {
 	renewal  prometheus.Histogram
 	failures prometheus.Counter
 	sessions *prometheus.CounterVec
+	lost     *prometheus.CounterVec
+	oldest   *prometheus.Desc
+}
+
+// holdID names a hold: its key and token (AcquireDoneInfo, HoldDoneInfo).
+type holdID struct {
+	key   string
+	token int64
+}
+
+// currentHold is a hold of this process not yet ended.
+type currentHold struct {
+	labels []string
+	start  time.Time
 }
 
 // New returns the metrics described in the package comment. Register them
@@ -78,8 +100,10 @@ func New(o Options) *Metrics {
 		return b
 	}
 	m := &Metrics{
-		names:  o.LockNames,
-		counts: make(map[gaugeKey]int),
+		names:   o.LockNames,
+		counts:  make(map[gaugeKey]int),
+		current: make(map[holdID]currentHold),
+		now:     time.Now,
 		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "etcdlock", Name: "acquire_duration_seconds",
 			Help:    "Time from the start of an acquisition (Lock, RLock, Acquire, Campaign, their Try forms) to its outcome.",
@@ -111,6 +135,13 @@ func New(o Options) *Metrics {
 			Namespace: "etcdlock", Name: "sessions_ended_total",
 			Help: "Sessions ended, by cause.",
 		}, []string{"cause"}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdlock", Name: "locks_lost_total",
+			Help: "Holds lost (ended without their release), by cause.",
+		}, with("cause")),
+		oldest: prometheus.NewDesc("etcdlock_oldest_hold_age_seconds",
+			"Age of the oldest hold of this process not yet ended: a hold that never ends shows here long before it does in etcdlock_hold_duration_seconds.",
+			lockLabels, nil),
 	}
 	for _, c := range sessionEnds {
 		m.sessions.WithLabelValues(c.String())
@@ -121,6 +152,9 @@ func New(o Options) *Metrics {
 		for _, k := range kinds {
 			m.waiters.WithLabelValues(k.String())
 			m.holders.WithLabelValues(k.String())
+			for _, c := range losses {
+				m.lost.WithLabelValues(k.String(), c.String())
+			}
 		}
 	}
 	return m
@@ -137,13 +171,22 @@ func (m *Metrics) Hooks() etcdlock.Hooks {
 			m.add(m.waiters, l, -1)
 			if i.Outcome == etcdlock.Acquired {
 				m.add(m.holders, l, 1)
+				m.mu.Lock()
+				m.current[holdID{i.Key, i.Token}] = currentHold{l[:len(l):len(l)], m.now()}
+				m.mu.Unlock()
 			}
 			m.acquire.WithLabelValues(append(l, i.Outcome.String())...).Observe(i.Waited.Seconds())
 		},
 		HoldDone: func(i etcdlock.HoldDoneInfo) {
 			l := m.lock(i.LockInfo)
 			m.add(m.holders, l, -1)
+			m.mu.Lock()
+			delete(m.current, holdID{i.Key, i.Token})
+			m.mu.Unlock()
 			m.hold.WithLabelValues(append(l, i.End.String())...).Observe(i.Held.Seconds())
+			if i.End.Lost() {
+				m.lost.WithLabelValues(append(l, i.End.String())...).Inc()
+			}
 		},
 		RenewDone: func(i etcdlock.RenewDoneInfo) {
 			if i.Err != nil {
@@ -201,6 +244,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range m.collectors() {
 		c.Describe(ch)
 	}
+	ch <- m.oldest
 }
 
 // Collect implements prometheus.Collector.
@@ -208,8 +252,53 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range m.collectors() {
 		c.Collect(ch)
 	}
+	for _, o := range m.oldestHolds() {
+		ch <- prometheus.MustNewConstMetric(m.oldest, prometheus.GaugeValue, o.age.Seconds(), o.labels...)
+	}
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.acquire, m.waiters, m.holders, m.hold, m.renewal, m.failures, m.sessions}
+	return []prometheus.Collector{m.acquire, m.waiters, m.holders, m.hold, m.renewal, m.failures, m.sessions, m.lost}
+}
+
+// oldestAge is the age of the oldest current hold of a set of labels.
+type oldestAge struct {
+	labels []string
+	age    time.Duration
+}
+
+// oldestHolds returns, for each set of label values of the holds of this
+// process, the age of the oldest; without LockNames, a value for every
+// kind, 0 where none is held.
+func (m *Metrics) oldestHolds() []oldestAge {
+	now := m.now()
+	byLabels := map[string]*oldestAge{}
+	var out []*oldestAge
+	if !m.names {
+		for _, k := range kinds {
+			o := &oldestAge{labels: []string{k.String()}}
+			byLabels[k.String()] = o
+			out = append(out, o)
+		}
+	}
+	m.mu.Lock()
+	for _, h := range m.current {
+		id := h.labels[0]
+		if m.names {
+			id += "\x00" + h.labels[1]
+		}
+		o := byLabels[id]
+		if o == nil {
+			o = &oldestAge{labels: h.labels}
+			byLabels[id] = o
+			out = append(out, o)
+		}
+		o.age = max(o.age, now.Sub(h.start))
+	}
+	m.mu.Unlock()
+	ages := make([]oldestAge, len(out))
+	for i, o := range out {
+		ages[i] = *o
+	}
+	return ages
 }

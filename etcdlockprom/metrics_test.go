@@ -33,12 +33,19 @@ func TestExposition(t *testing.T) {
 	m := etcdlockprom.New(etcdlockprom.Options{
 		AcquireBuckets: []float64{1}, HoldBuckets: []float64{10}, RenewalBuckets: []float64{0.1},
 	})
+	now := time.Unix(1_800_000_000, 0)
+	etcdlockprom.SetNow(m, func() time.Time { return now })
 	h := m.Hooks()
 	lock := etcdlock.LockInfo{Kind: etcdlock.KindRWMutexRead, Name: "jobs/1", Mode: etcdlock.KeyMode{Shared: true}}
 	h.AcquireStart(etcdlock.AcquireStartInfo{LockInfo: lock, Wait: true})
 	h.AcquireStart(etcdlock.AcquireStartInfo{LockInfo: lock, Wait: true})
-	h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Waited: 1500 * time.Millisecond, Outcome: etcdlock.Acquired, Token: 7})
-	h.HoldDone(etcdlock.HoldDoneInfo{LockInfo: lock, Token: 7, Held: 3 * time.Second, End: etcdlock.LostKeyDeleted, Err: etcdlock.ErrLockLost})
+	h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Waited: 1500 * time.Millisecond, Outcome: etcdlock.Acquired, Token: 7, Key: "jobs/1/a"})
+	now = now.Add(42 * time.Second)
+	h.HoldDone(etcdlock.HoldDoneInfo{LockInfo: lock, Token: 7, Key: "jobs/1/a", Held: 3 * time.Second, End: etcdlock.LostKeyDeleted, Err: etcdlock.ErrLockLost})
+	// Still held when scraped, 5s later: the oldest hold is 5s old.
+	h.AcquireStart(etcdlock.AcquireStartInfo{LockInfo: lock, Wait: true})
+	h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Waited: 1500 * time.Millisecond, Outcome: etcdlock.Acquired, Token: 9, Key: "jobs/1/b"})
+	now = now.Add(5 * time.Second)
 	h.RenewDone(etcdlock.RenewDoneInfo{Latency: 50 * time.Millisecond, TTL: 15 * time.Second})
 	h.RenewDone(etcdlock.RenewDoneInfo{Latency: time.Second, Err: errors.New("unreachable")})
 	h.SessionDone(etcdlock.SessionDoneInfo{Cause: etcdlock.SessionNotRenewed, Err: etcdlock.ErrSessionExpired})
@@ -47,9 +54,9 @@ func TestExposition(t *testing.T) {
 # HELP etcdlock_acquire_duration_seconds Time from the start of an acquisition (Lock, RLock, Acquire, Campaign, their Try forms) to its outcome.
 # TYPE etcdlock_acquire_duration_seconds histogram
 etcdlock_acquire_duration_seconds_bucket{kind="rwmutex_read",outcome="acquired",le="1"} 0
-etcdlock_acquire_duration_seconds_bucket{kind="rwmutex_read",outcome="acquired",le="+Inf"} 1
-etcdlock_acquire_duration_seconds_sum{kind="rwmutex_read",outcome="acquired"} 1.5
-etcdlock_acquire_duration_seconds_count{kind="rwmutex_read",outcome="acquired"} 1
+etcdlock_acquire_duration_seconds_bucket{kind="rwmutex_read",outcome="acquired",le="+Inf"} 2
+etcdlock_acquire_duration_seconds_sum{kind="rwmutex_read",outcome="acquired"} 3
+etcdlock_acquire_duration_seconds_count{kind="rwmutex_read",outcome="acquired"} 2
 # HELP etcdlock_hold_duration_seconds How long holds lasted, by how they ended: released, or lost and why.
 # TYPE etcdlock_hold_duration_seconds histogram
 etcdlock_hold_duration_seconds_bucket{end="key_deleted",kind="rwmutex_read",le="10"} 1
@@ -61,7 +68,7 @@ etcdlock_hold_duration_seconds_count{end="key_deleted",kind="rwmutex_read"} 1
 etcdlock_holders{kind="election"} 0
 etcdlock_holders{kind="multimutex"} 0
 etcdlock_holders{kind="mutex"} 0
-etcdlock_holders{kind="rwmutex_read"} 0
+etcdlock_holders{kind="rwmutex_read"} 1
 etcdlock_holders{kind="rwmutex_write"} 0
 etcdlock_holders{kind="semaphore"} 0
 # HELP etcdlock_lease_renewal_duration_seconds Round trip of the session lease renewals that succeeded.
@@ -73,6 +80,16 @@ etcdlock_lease_renewal_duration_seconds_count 1
 # HELP etcdlock_lease_renewal_failures_total Session lease renewals that failed.
 # TYPE etcdlock_lease_renewal_failures_total counter
 etcdlock_lease_renewal_failures_total 1
+# HELP etcdlock_locks_lost_total Holds lost (ended without their release), by cause.
+# TYPE etcdlock_locks_lost_total counter
+` + lostSeries(map[string]int{"rwmutex_read/key_deleted": 1}) + `# HELP etcdlock_oldest_hold_age_seconds Age of the oldest hold of this process not yet ended: a hold that never ends shows here long before it does in etcdlock_hold_duration_seconds.
+# TYPE etcdlock_oldest_hold_age_seconds gauge
+etcdlock_oldest_hold_age_seconds{kind="election"} 0
+etcdlock_oldest_hold_age_seconds{kind="multimutex"} 0
+etcdlock_oldest_hold_age_seconds{kind="mutex"} 0
+etcdlock_oldest_hold_age_seconds{kind="rwmutex_read"} 5
+etcdlock_oldest_hold_age_seconds{kind="rwmutex_write"} 0
+etcdlock_oldest_hold_age_seconds{kind="semaphore"} 0
 # HELP etcdlock_sessions_ended_total Sessions ended, by cause.
 # TYPE etcdlock_sessions_ended_total counter
 etcdlock_sessions_ended_total{cause="client_closed"} 0
@@ -99,6 +116,18 @@ etcdlock_waiters{kind="semaphore"} 0
 	for _, p := range problems {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
+}
+
+// lostSeries returns the exposition lines of etcdlock_locks_lost_total, one
+// per kind and cause, at the counts given by "kind/cause" (0 otherwise).
+func lostSeries(counts map[string]int) string {
+	var b strings.Builder
+	for _, k := range []string{"election", "multimutex", "mutex", "rwmutex_read", "rwmutex_write", "semaphore"} {
+		for _, c := range []string{"key_deleted", "lease_ended", "max_hold", "session_closed", "unknown"} {
+			fmt.Fprintf(&b, "etcdlock_locks_lost_total{cause=%q,kind=%q} %d\n", c, k, counts[k+"/"+c])
+		}
+	}
+	return b.String()
 }
 
 // TestZeroSeries: before any event, the gauges have a series per kind and
@@ -490,6 +519,49 @@ func BenchmarkUncontended(b *testing.B) {
 				if err := mu.Unlock(ctx); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// TestOldestHoldAndLosses (issue 40): on a real etcd, a hold that lasts
+// shows in etcdlock_oldest_hold_age_seconds while it lasts; evicted by an
+// operator, it counts in etcdlock_locks_lost_total as key_deleted, and the
+// age goes back to 0. With LockNames the age's series is the name's, and
+// goes with its last hold.
+func TestOldestHoldAndLosses(t *testing.T) {
+	for _, names := range []bool{false, true} {
+		t.Run(fmt.Sprintf("names=%v", names), func(t *testing.T) {
+			reg := prometheus.NewPedanticRegistry()
+			m := etcdlockprom.New(etcdlockprom.Options{LockNames: names})
+			reg.MustRegister(m)
+			now := time.Now()
+			etcdlockprom.SetNow(m, func() time.Time { return now })
+			cli := cluster.Client(t)
+			s, err := etcdlock.NewSession(t.Context(), cli, etcdlock.WithHooks(m.Hooks()))
+			must(t, err)
+			defer s.Close()
+			name := "oldest/" + t.Name()
+			labels := []string{"kind", "mutex"}
+			if names {
+				labels = append(labels, "name", name)
+			}
+			mu := etcdlock.NewMutex(s, name)
+			must(t, mu.Lock(t.Context()))
+			now = now.Add(90 * time.Second)
+			want(t, reg, "etcdlock_oldest_hold_age_seconds", 90, labels...)
+
+			must(t, etcdlock.Evict(t.Context(), cli, name, mu.Key(), mu.Token()))
+			// Unlock finds the loss, and reports it before it returns.
+			if !errors.Is(mu.Unlock(t.Context()), etcdlock.ErrLockLost) {
+				t.Fatal("Unlock of the evicted hold: want ErrLockLost")
+			}
+			// Gather sorts labels by name, and so must the pairs.
+			want(t, reg, "etcdlock_locks_lost_total", 1, append([]string{"cause", "key_deleted"}, labels...)...)
+			if names {
+				none(t, reg, "etcdlock_oldest_hold_age_seconds", labels...)
+			} else {
+				want(t, reg, "etcdlock_oldest_hold_age_seconds", 0, labels...)
 			}
 		})
 	}
