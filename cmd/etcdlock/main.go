@@ -156,6 +156,8 @@ Usage:
   etcdlock release [flags] NAME               ask the holders of NAME to release it
                                               (run and elect --on-release SIGNAL
                                               pass the request on to CMD)
+  etcdlock serve [flags] PREFIX               serve every lock under PREFIX:
+                                              Prometheus metrics and a live page
   etcdlock break [flags] NAME                 end the hold of NAME from outside
                                               (after asking; --yes), printing
                                               its fencing token
@@ -271,6 +273,8 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		return cmdGrants(rest, stdout, stderr)
 	case "break":
 		return cmdBreak(rest, stdout, stderr)
+	case "serve":
+		return cmdServe(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		return cmdVersion(rest, stdout)
 	case demoHolderCmd:
