@@ -5,6 +5,8 @@ go 1.26.0
 require (
 	github.com/etcdlock/etcdlock v0.0.0
 	github.com/etcdlock/etcdlock/etcdlockgocron v0.0.0
+	github.com/etcdlock/etcdlock/etcdlockprom v0.0.0
+	github.com/prometheus/client_golang v1.23.2
 	github.com/stretchr/testify v1.11.1
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/pkg/v3 v3.7.3
@@ -35,7 +37,6 @@ require (
 	github.com/jonboulle/clockwork v0.5.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
-	github.com/prometheus/client_golang v1.23.2 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.67.5 // indirect
 	github.com/prometheus/procfs v0.16.1 // indirect
@@ -79,3 +80,5 @@ require (
 replace github.com/etcdlock/etcdlock => ../..
 
 replace github.com/etcdlock/etcdlock/etcdlockgocron => ../../etcdlockgocron
+
+replace github.com/etcdlock/etcdlock/etcdlockprom => ../../etcdlockprom
