@@ -225,7 +225,7 @@ func (f *fleet) read(ctx context.Context, name string, rev int64) (*fleetLock, e
 	if rev > 0 {
 		opts = append(opts, etcdlock.AtRevision(rev))
 	}
-	q, err := etcdlock.InspectLock(rctx, f.cli, name, append(opts, etcdlock.HolderLeasesOnly())...)
+	q, err := etcdlock.InspectLock(rctx, f.cli, name, append(opts, etcdlock.WithoutLeases())...)
 	if err != nil {
 		return nil, err
 	}
