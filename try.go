@@ -65,27 +65,16 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			changed++
 			continue
 		}
+		var own int64 // the create revision of the key whose place it keeps
+		if read.own != nil {
+			own = read.own.CreateRevision
+		}
 		tresp, err := q.tryPut(ctx, val, read, first)
-		var off *handedOff
-		if errors.As(err, &off) {
-			return 0, nil, false, err // the session removes what it may have put
+		rev, hdr, again, err := q.tryTaken(ctx, tresp, err, own)
+		if again == nil {
+			return rev, hdr, err == nil && q.opts.records(), err
 		}
-		if err != nil {
-			return 0, nil, false, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
-		}
-		if tresp.Succeeded {
-			rev := tresp.Header.Revision
-			if read.own != nil {
-				rev = read.own.CreateRevision
-			} else {
-				q.s.disinherit(q.key)
-			}
-			if err := ctx.Err(); err != nil {
-				return 0, nil, false, q.fail(ctx, rev, err)
-			}
-			return rev, tresp.Header, q.opts.records(), nil
-		}
-		resp = tresp
+		resp = again
 		changed++
 	}
 	// Keys kept changing under the prefix (nested locks' traffic): rather
@@ -277,41 +266,68 @@ func (q *queue) tryAcquireSet(ctx context.Context, val string) (int64, *pb.Respo
 			changed++
 			continue
 		}
-		// Free at the read's revision in every queue: take it only if
-		// nothing under any of the prefixes changed since.
-		cmps := make([]clientv3.Cmp, n)
-		for i, p := range q.set.parts {
-			cmps[i] = clientv3.Compare(clientv3.ModRevision(p.prefix()), "<", rev+1).WithPrefix()
+		tresp, err := q.tryPutSet(ctx, val, rev, first)
+		rev, hdr, again, err := q.tryTaken(ctx, tresp, err, 0)
+		if again == nil {
+			return rev, hdr, err
 		}
-		send := func(wctx context.Context) (*clientv3.TxnResponse, error) {
-			return q.s.cli.Txn(wctx).If(cmps...).Then(q.puts(val, q.s.Lease())...).Else(first...).Commit()
-		}
-		tresp, err := q.writeOrHandOff(ctx, send, func(resp *clientv3.TxnResponse, err error) {
-			switch {
-			case err != nil:
-				_ = q.remove(context.Background(), 0)
-			case resp.Succeeded:
-				_ = q.remove(context.Background(), resp.Header.Revision)
-			}
-			q.releaseNames()
-		})
-		var off *handedOff
-		if errors.As(err, &off) {
-			return 0, nil, err // the session removes what it may have put
-		}
-		if err != nil {
-			return 0, nil, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
-		}
-		if tresp.Succeeded {
-			if err := ctx.Err(); err != nil {
-				return 0, nil, q.fail(ctx, tresp.Header.Revision, err)
-			}
-			return tresp.Header.Revision, tresp.Header, nil
-		}
-		resp = tresp
+		resp = again
 		changed++
 	}
 	return 0, nil, ErrLocked
+}
+
+// tryPutSet sends a set's Try's puts, free at revision rev in every
+// queue: they take the hold only if nothing under any of the prefixes
+// changed since; else the answer reads every queue again (first). An
+// answer that comes after ctx ended is handed off (writeOrHandOff): the
+// session removes what the puts may have put.
+func (q *queue) tryPutSet(ctx context.Context, val string, rev int64, first []clientv3.Op) (*clientv3.TxnResponse, error) {
+	cmps := make([]clientv3.Cmp, len(q.set.parts))
+	for i, p := range q.set.parts {
+		cmps[i] = clientv3.Compare(clientv3.ModRevision(p.prefix()), "<", rev+1).WithPrefix()
+	}
+	send := func(wctx context.Context) (*clientv3.TxnResponse, error) {
+		return q.s.cli.Txn(wctx).If(cmps...).Then(q.puts(val, q.s.Lease())...).Else(first...).Commit()
+	}
+	return q.writeOrHandOff(ctx, send, func(resp *clientv3.TxnResponse, err error) {
+		switch {
+		case err != nil:
+			_ = q.remove(context.Background(), 0)
+		case resp.Succeeded:
+			_ = q.remove(context.Background(), resp.Header.Revision)
+		}
+		q.releaseNames()
+	})
+}
+
+// tryTaken reads the outcome of a Try's put (tryPut, tryPutSet), tresp or
+// err: the hold's token (own, the create revision of the key whose place
+// it kept, else the put's revision) and header when the put took it; or
+// again, the answer to judge anew, when the queue changed meanwhile. A
+// put handed off is left to the session; any other error, or ctx ended
+// once the hold was taken, fails the Try and removes what it put.
+func (q *queue) tryTaken(ctx context.Context, tresp *clientv3.TxnResponse, err error, own int64) (rev int64, hdr *pb.ResponseHeader, again *clientv3.TxnResponse, _ error) {
+	var off *handedOff
+	switch {
+	case errors.As(err, &off):
+		return 0, nil, nil, err // the session removes what it may have put
+	case err != nil:
+		return 0, nil, nil, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
+	case !tresp.Succeeded:
+		return 0, nil, tresp, nil
+	}
+	rev = own
+	if rev == 0 {
+		rev = tresp.Header.Revision
+		if q.set == nil {
+			q.s.disinherit(q.key)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, nil, q.fail(ctx, rev, err)
+	}
+	return rev, tresp.Header, nil, nil
 }
 
 // tryReadSet judges a set's Try from resp, the answer to its read-only
