@@ -115,3 +115,50 @@ func TestResumedHolderIsFenced(t *testing.T) {
 		require.Equal(t, "B", value(t, db, name))
 	})
 }
+
+// TestEvictedHolderIsFenced (issue 40): an operator breaks a wedged
+// holder's hold (etcdlock.Evict, as 'etcdlock break' does); the next in
+// line holds and writes; the evicted holder, which nobody stopped, writes
+// late with its old token, and the database refuses it.
+func TestEvictedHolderIsFenced(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, db *sql.DB) {
+		ctx := t.Context()
+		createValues(t, db)
+		name := "fence/" + t.Name()
+		cli := cluster.Client(t)
+		as, err := etcdlock.NewSession(ctx, cli)
+		require.NoError(t, err)
+		t.Cleanup(func() { as.Close() })
+		a := etcdlock.NewMutex(as, name)
+		require.NoError(t, a.Lock(ctx))
+		tokenA := a.Token()
+		require.NoError(t, etcdlocksql.Do(ctx, db, name, tokenA, put(ctx, name, "A", tokenA)))
+
+		bs, err := etcdlock.NewSession(ctx, cli)
+		require.NoError(t, err)
+		t.Cleanup(func() { bs.Close() })
+		b := etcdlock.NewMutex(bs, name)
+		locked := make(chan error, 1)
+		go func() { locked <- b.Lock(ctx) }()
+
+		q, err := etcdlock.InspectLock(ctx, cli, name)
+		require.NoError(t, err)
+		require.Equal(t, tokenA, q.Holders()[0].Token)
+		require.NoError(t, etcdlock.Evict(ctx, cli, name, q.Holders()[0].Key, tokenA))
+		select {
+		case err := <-locked:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("B did not get the lock 30s after A's hold was evicted")
+		}
+		tokenB := b.Token()
+		require.Greater(t, tokenB, tokenA)
+		require.NoError(t, etcdlocksql.Do(ctx, db, name, tokenB, put(ctx, name, "B", tokenB)))
+
+		// A, wedged until now, sends the write it was in the middle of.
+		err = etcdlocksql.Do(ctx, db, name, tokenA, put(ctx, name, "A, late", tokenA))
+		require.ErrorIs(t, err, etcdlocksql.ErrStaleToken)
+		require.Equal(t, "B", value(t, db, name))
+		require.NoError(t, b.Unlock(ctx))
+	})
+}
