@@ -13,9 +13,12 @@ import (
 // of one name), one per name for a MultiMutex, and what the engine does to
 // each of them: the session-local rights to the names, the comparisons
 // that hold while the hold is current, the puts, the reads and deletes,
-// the loss watches of a set's other keys. Only this file asks whether a
-// queue is part of a set; a single key's Txns are the ones testdata/txn
-// records.
+// the loss watches of a set's other keys. The engine asks this file what
+// differs for a set; four places ask whether a queue is part of one
+// (q.set), where a set's answer is its own: a Try's token (try.go), a
+// release's attempt that saw a key go (release.go), the loss watch of a
+// set's other keys (watcher.go) and the place of a set's keys
+// (place.go). A single key's Txns are the ones testdata/txn records.
 
 // A multiSet is what the parts of a MultiMutex share: a queue for each
 // name, whose first part, the lead, owns the hold and its mu.

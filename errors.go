@@ -76,6 +76,14 @@ var (
 	// lock's queue with the token given: it left, or it is a later
 	// hold's of the same lease.
 	ErrNotInQueue = errors.New("etcdlock: no such key in the lock's queue")
+	// ErrNotHeld is returned by RequestRelease when nobody holds the
+	// lock: there is no hold to ask. Not to be confused with
+	// ErrLockReleased, an Unlock's "this lock value holds nothing".
+	ErrNotHeld = errors.New("etcdlock: lock is not held by anyone")
+	// ErrReleaseRequested is the context.Cause of fn's ctx when Do (with
+	// WithCancelOnRequest) or Lead (with YieldOnRequest) ended fn because
+	// the hold was asked to release (RequestRelease).
+	ErrReleaseRequested = errors.New("etcdlock: release requested")
 )
 
 // prefix starts the message of every error of this package, exactly once.

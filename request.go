@@ -20,16 +20,6 @@ import (
 // for, never a later hold of the same session on the same key; bound to
 // the lease, it goes with the holder's session.
 
-// ErrNotHeld is returned by RequestRelease when nobody holds the lock:
-// there is no hold to ask. Not to be confused with ErrLockReleased, an
-// Unlock's "this lock value holds nothing".
-var ErrNotHeld = errors.New("etcdlock: lock is not held by anyone")
-
-// ErrReleaseRequested is the context.Cause of fn's ctx when Do (with
-// WithCancelOnRequest) or Lead (with YieldOnRequest) ended fn because the
-// hold was asked to release (RequestRelease).
-var ErrReleaseRequested = errors.New("etcdlock: release requested")
-
 // requestOps is the most holds one Txn of RequestRelease addresses: a
 // comparison and a Put each, within etcd's default --max-txn-ops (128).
 const requestOps = 64
