@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Seams between features, second round: the max hold with the lock
+// Seams between features: the max hold with the lock
 // delay, release requests, readers and permits, Downgrade and Hooks; the
 // lock delay with a Semaphore's holders and RequestRelease.
 
@@ -36,13 +36,13 @@ func nextEnd(t *testing.T, ch <-chan etcdlock.HoldDoneInfo) etcdlock.HoldDoneInf
 	return etcdlock.HoldDoneInfo{}
 }
 
-// TestSeam2MaxHoldLockDelay: a hold that the max hold ends has ended
+// TestSeamMaxHoldLockDelay: a hold that the max hold ends has ended
 // without Unlock: its key goes with the max hold's lease, its record
 // stays pending (it is bound to no lease), and the next waiter waits the
 // delay from then; the holder is told first, with the max hold as the
 // cause; readers of the queue say nobody holds while the delay lasts;
 // and the holder's late Unlock reports the loss and leaves the delay.
-func TestSeam2MaxHoldLockDelay(t *testing.T) {
+func TestSeamMaxHoldLockDelay(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := delayName(t)
@@ -89,12 +89,12 @@ func TestSeam2MaxHoldLockDelay(t *testing.T) {
 	require.Empty(t, delayRecords(t, cli, name))
 }
 
-// TestSeam2MaxHoldUnwatchedThenClose: a hold whose max hold passed
+// TestSeamMaxHoldUnwatchedThenClose: a hold whose max hold passed
 // with nobody watching it (Err reports the max hold) is reported to
 // Hooks, at the latest at the session's end, as lost by its max hold,
 // not as closed with the session: it had ended before Close, and its key
 // was gone.
-func TestSeam2MaxHoldUnwatchedThenClose(t *testing.T) {
+func TestSeamMaxHoldUnwatchedThenClose(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := lockName(t)
@@ -115,12 +115,12 @@ func TestSeam2MaxHoldUnwatchedThenClose(t *testing.T) {
 	require.NotErrorIs(t, m.Err(), etcdlock.ErrSessionExpired, "Err still says the max hold: %v", m.Err())
 }
 
-// TestSeam2DowngradePastMaxHold: Downgrade of a write lock whose max
+// TestSeamDowngradePastMaxHold: Downgrade of a write lock whose max
 // hold has passed returns an error matching ErrLockLost ("if the hold
 // had ended"), as Unlock and an Election's Proclaim do: whether or not
 // Done watched the hold. It must not turn the key shared and return nil
 // once Err says the hold is lost.
-func TestSeam2DowngradePastMaxHold(t *testing.T) {
+func TestSeamDowngradePastMaxHold(t *testing.T) {
 	t.Parallel()
 	for _, watched := range []bool{false, true} {
 		t.Run(map[bool]string{false: "Unwatched", true: "Watched"}[watched], func(t *testing.T) {
@@ -149,12 +149,12 @@ func TestSeam2DowngradePastMaxHold(t *testing.T) {
 	}
 }
 
-// TestSeam2MaxHoldReaderAndPermits: a reader's and a Semaphore's hold
+// TestSeamMaxHoldReaderAndPermits: a reader's and a Semaphore's hold
 // with a max hold keep their mode when the key moves onto the max hold's
 // lease (the writer or the larger request behind still waits), are told
 // lost at the max hold, and the waiter behind is admitted once etcd ends
 // the lease.
-func TestSeam2MaxHoldReaderAndPermits(t *testing.T) {
+func TestSeamMaxHoldReaderAndPermits(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name string
@@ -228,11 +228,11 @@ func TestSeam2MaxHoldReaderAndPermits(t *testing.T) {
 	}
 }
 
-// TestSeam2MaxHoldCancelOnRequest: a request reaches a hold whose key
+// TestSeamMaxHoldCancelOnRequest: a request reaches a hold whose key
 // moved onto its max hold's lease (the request is bound to that lease),
 // Do's fn is cancelled with ErrReleaseRequested, not a loss, and the
 // release is clean: no loss reported, the request goes with the hold.
-func TestSeam2MaxHoldCancelOnRequest(t *testing.T) {
+func TestSeamMaxHoldCancelOnRequest(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := lockName(t)
@@ -277,11 +277,11 @@ func TestSeam2MaxHoldCancelOnRequest(t *testing.T) {
 	require.Empty(t, requestKeys(t, cli, name), "the request went with the max hold's lease")
 }
 
-// TestSeam2TryLockMaxHoldDelay: a TryLock with a max hold and a delay
+// TestSeamTryLockMaxHoldDelay: a TryLock with a max hold and a delay
 // writes its record in its put, and the max hold moves the key, not the
 // record; once the max hold ends the hold, the next TryLock returns
 // ErrLocked and starts the delay, and succeeds once it is over.
-func TestSeam2TryLockMaxHoldDelay(t *testing.T) {
+func TestSeamTryLockMaxHoldDelay(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := delayName(t)
@@ -306,13 +306,13 @@ func TestSeam2TryLockMaxHoldDelay(t *testing.T) {
 	require.NoError(t, w.Unlock(t.Context()))
 }
 
-// TestSeam2SemaphoreDelayWhoHolds: a Semaphore's permit whose session
+// TestSeamSemaphoreDelayWhoHolds: a Semaphore's permit whose session
 // ended leaves a delay; the permits still held hold (they wrote their
 // records), the permit that arrives after waits the delay although it
 // fits, and every reader says so: InspectLock, ListLocks, and
 // RequestRelease, whose request reaches the holder only, never the hold
 // admitted after the delay.
-func TestSeam2SemaphoreDelayWhoHolds(t *testing.T) {
+func TestSeamSemaphoreDelayWhoHolds(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := delayName(t)
@@ -373,11 +373,11 @@ func TestSeam2SemaphoreDelayWhoHolds(t *testing.T) {
 	require.NoError(t, p3.Release(t.Context()))
 }
 
-// TestSeam2DowngradeLockDelay: readers admitted by a Downgrade write
+// TestSeamDowngradeLockDelay: readers admitted by a Downgrade write
 // their records; when the downgraded hold then ends without Unlock, its
 // delay is pending, the readers admitted with it still hold (and are
 // shown holding), and a reader arriving after waits the delay.
-func TestSeam2DowngradeLockDelay(t *testing.T) {
+func TestSeamDowngradeLockDelay(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := delayName(t)
@@ -416,12 +416,12 @@ func TestSeam2DowngradeLockDelay(t *testing.T) {
 	require.NoError(t, r2.RUnlock(t.Context()))
 }
 
-// TestSeam2MinHoldHooks: an Unlock that the minimum hold holds back
+// TestSeamMinHoldHooks: an Unlock that the minimum hold holds back
 // reports nothing yet (the key stays, and the lock is taken); HoldDone
 // comes once, when the session's release deletes the key, as Released,
 // with Held at least the minimum hold; Done closes then; Close reports
 // nothing more.
-func TestSeam2MinHoldHooks(t *testing.T) {
+func TestSeamMinHoldHooks(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := delayName(t)
@@ -457,13 +457,13 @@ func TestSeam2MinHoldHooks(t *testing.T) {
 	}
 }
 
-// TestSeam2MultiNestedRequest: a MultiMutex over a name and a name nested
+// TestSeamMultiNestedRequest: a MultiMutex over a name and a name nested
 // in it, beside a nested lock's holder older than the set: readers of
 // each name follow the set round its names and pass the nested lock's
 // key by, so the set holds both names, and a request for the nested
 // name reaches the set, not the waiter behind it, nor the hold that
 // waiter takes next.
-func TestSeam2MultiNestedRequest(t *testing.T) {
+func TestSeamMultiNestedRequest(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := lockName(t)
