@@ -125,7 +125,7 @@ func cmdBreak(args []string, stdout, stderr io.Writer) error {
 	case errors.Is(err, etcdlock.ErrNotInQueue):
 		return failf(exitHeld, "%s is not in the queue of lock %q any more (it left, or its lease ran out): nothing broken", t.key, name)
 	case err != nil:
-		return timedOut(fmt.Errorf("break lock %q: %w", name, conn.explain(err, "write key", t.key, nil)), "break lock "+strconv.Quote(name), &conn)
+		return timedOut(fmt.Errorf("break lock %q: %w", name, conn.explain(err, "delete key", t.key, nil)), "break lock "+strconv.Quote(name), &conn)
 	}
 	fmt.Fprintf(stdout, "broke %s of lock %q: deleted it\n", t.what, name)
 	printFenceNote(stdout, t)

@@ -118,6 +118,19 @@ func TestBreakKeyAndRevoke(t *testing.T) {
 	requireOneLineError(t, r, "is not in the queue of lock")
 }
 
+// TestBreakRefused: a user who may read a lock but not write it sees
+// who holds, and is refused the break (exit 3), with the grant named.
+func TestBreakRefused(t *testing.T) {
+	t.Parallel()
+	c, root := grantTeams(t, []team{{"watchers", "w/", "wendy"}}, "--observe-only")
+	m := etcdlock.NewMutex(newSessionT(t, root), "w/x")
+	require.NoError(t, m.Lock(t.Context()))
+	r := runProc(t, nil, "break", "--endpoints="+c.Endpoint(0), "--user", "wendy:pw", "--yes", "w/x")
+	require.Equal(t, exitConnect, r.code, r.stderr)
+	requireOneLineError(t, r, `etcd user "wendy" may not delete key "`+m.Key()+`" (break needs write permission on the keys with prefix "w/x/": 'etcdlock grants --role ROLE -- w/x' prints the etcdctl lines)`)
+	require.Equal(t, m.Key(), queueKeys(t, root, "w/x")[0], "nothing broken")
+}
+
 // newSessionT is a session of cli closed at the end of the test.
 func newSessionT(t *testing.T, cli *clientv3.Client) *etcdlock.Session {
 	t.Helper()

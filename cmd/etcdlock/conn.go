@@ -305,6 +305,9 @@ func (c *connFlags) explain(err error, access, key string, need *grantNeed) erro
 			hint = fmt.Sprintf("this run needs readwrite permission on the keys with prefix %q and %s; '%s' prints the etcdctl lines", pfx, strings.Join(quoted, " and "), strings.Join(cmd, " "))
 		case strings.HasPrefix(key, etcdlock.ReleaseRequestPrefix):
 			hint = fmt.Sprintf("release needs write permission on the keys with prefix %q, and read permission on the lock's", pfx)
+		case access == "delete key":
+			hint = fmt.Sprintf("break needs write permission on the keys with prefix %q: '%s' prints the etcdctl lines", pfx,
+				strings.Join([]string{"etcdlock", "grants", "--role", "ROLE", "--", shellQuote(strings.TrimSuffix(pfx, "/"))}, " "))
 		}
 		return &exitError{code: exitConnect, err: fmt.Errorf("%w: etcd user %q may not %s (%s)", err, c.userName(), what, hint)}
 	}
