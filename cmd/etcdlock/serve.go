@@ -55,7 +55,9 @@ __etcdlock/delay/PREFIX and __etcdlock/release/PREFIX ('etcdlock grants
 --observe-only --lock-delay --requests --prefix PREFIX').
 
   --listen ADDR   the address to serve on (default 127.0.0.1:9479; ":9479"
-                  for every interface)
+                  for every interface). Whoever reaches it sees the lock
+                  names and what their holders recorded: serve asks for no
+                  login; put it behind what guards your other endpoints.
 ` + connHelp + "\n" + exitCodesHelp
 
 func cmdServe(args []string, stdout, stderr io.Writer) error {
