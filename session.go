@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/streams"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
@@ -43,7 +44,7 @@ import (
 // once.
 type Session struct {
 	cli    *clientv3.Client
-	keeper *keeper // renews the lease, on the stream shared by cli's sessions
+	keeper *streams.Keeper // renews the lease, on the stream shared by cli's sessions
 	id     clientv3.LeaseID
 	ttl    time.Duration // TTL etcd granted
 
@@ -218,7 +219,7 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 		endCancel: endCancel,
 		watchCtx:  metadata.NewOutgoingContext(endCtx, requireLeaderMD),
 		cli:       cli,
-		keeper:    acquireKeeper(cli),
+		keeper:    streams.AcquireKeeper(cli),
 		id:        st.id,
 		leaseKey:  st.key,
 		ttl:       st.ttl,
@@ -617,11 +618,11 @@ func (s *Session) expiryMargin() time.Duration {
 // unwatch is called as it returns.
 func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 	defer close(s.loopDone)
-	defer s.keeper.release()
+	defer s.keeper.Release()
 	defer unwatch()
 	interval := s.ttl / 3
 	retry := min(interval, 500*time.Millisecond)
-	patience := stuckAfter(s.ttl)
+	patience := streams.StuckAfter(s.ttl)
 
 	next := time.NewTimer(interval)
 	defer next.Stop()
@@ -653,7 +654,7 @@ func (s *Session) keepAlive(ctx context.Context, unwatch func() bool) {
 		if s.ev != nil {
 			began = time.Now()
 		}
-		sent, ttl, err := s.keeper.renew(ctx, s.id, patience, giveUp, expire.C)
+		sent, ttl, err := s.keeper.Renew(ctx, s.id, patience, giveUp, expire.C)
 		wait, gone, err := s.renewed(sent, ttl, err, interval, retry)
 		next.Reset(wait)
 		// A failure because the loop was stopped is no failure to renew.
@@ -696,12 +697,12 @@ func (s *Session) renewed(sent time.Time, ttl int64, err error, interval, retry 
 		return max(0, interval-time.Since(sent)), false, nil
 	case err == nil: // etcd answers TTL 0 or less for a lease it does not have
 		return 0, true, s.goneErr()
-	case errors.Is(err, errStreamBroken):
+	case errors.Is(err, streams.ErrStreamBroken):
 		// The request proves nothing and its stream is gone (it broke,
 		// or was given up as stuck): ask again at once. The new request
 		// waits for the keeper's next stream, and the keeper paces its
 		// streams with its backoff; waiting here too would only spend
-		// the lease's life (see stuckAfter).
+		// the lease's life (see streams.StuckAfter).
 		return 0, false, err
 	}
 	// etcd unreachable or busy: try again soon, until the deadline.

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/streams"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -13,7 +14,7 @@ import (
 // The watches of every session of a client, the loss watch of each hold
 // whose Done was called, each waiter's watch on its own key and on its
 // blockers (the keys ahead that keep it out), share one Watch stream of
-// the client (watchStream; see stream.go for why). Through etcd's client
+// the client (watchStream; see internal/streams for why). Through etcd's client
 // each watch would cost a goroutine of its own in the client, and more
 // than a kilobyte of its state; here a watch is an entry in a map, and a
 // waiter costs no goroutine but its own.
@@ -276,7 +277,7 @@ func (w *sessionWatcher) add(kw *keyWatch) bool {
 	}
 	if ws := w.ws; ws != nil {
 		ws.watching++
-		ws.r.start()
+		ws.r.Start()
 	}
 	if kw.from == 0 && kw.b == nil {
 		w.probe(kw, true)
@@ -295,7 +296,7 @@ func (w *sessionWatcher) enqueue(kw *keyWatch) {
 		return
 	}
 	w.ws.queue = append(w.ws.queue, kw)
-	w.ws.r.signal()
+	w.ws.r.Signal()
 }
 
 // cancelActive has kw's watch cancelled on the open stream if it is
@@ -307,7 +308,7 @@ func (w *sessionWatcher) cancelActive(kw *keyWatch) {
 	}
 	delete(w.ws.ids, kw.id)
 	w.ws.cancels = append(w.ws.cancels, kw.id)
-	w.ws.r.signal()
+	w.ws.r.Signal()
 }
 
 // stop ends kw: its owner no longer wants it (Unlock, a waiter that
@@ -354,11 +355,11 @@ func (w *sessionWatcher) drop(kw *keyWatch) bool {
 	delete(w.watches, kw)
 	if ws := w.ws; ws != nil {
 		ws.watching--
-		if ws.watching == 0 && ws.r.sending() {
+		if ws.watching == 0 && ws.r.Sending() {
 			// The open stream's sender waits without an idle timer
 			// while there is a watch: wake it to start one, whatever
 			// state the last watch was dropped in.
-			ws.r.signal()
+			ws.r.Signal()
 		}
 	}
 	return true
@@ -555,7 +556,7 @@ func (w *sessionWatcher) refused(kw *keyWatch) {
 		return
 	}
 	kw.state = watchPaused
-	pause := min(minStreamBackoff<<min(kw.refusals, 8), maxStreamBackoff)
+	pause := min(streams.MinBackoff<<min(kw.refusals, 8), streams.MaxBackoff)
 	kw.refusals++
 	kw.pause = time.AfterFunc(pause, func() {
 		w.mu.Lock()
@@ -612,7 +613,7 @@ func (w *sessionWatcher) watchAlone(kw *keyWatch) {
 			return
 		}
 		// The watch broke (or was stopped): make it again after a pause.
-		t := time.NewTimer(minStreamBackoff)
+		t := time.NewTimer(streams.MinBackoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()

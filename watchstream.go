@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/streams"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -24,7 +25,7 @@ type watchStream struct {
 	wc     pb.WatchClient
 	ctx    context.Context // the client's, with WithRequireLeader; ends at the last release
 	cancel context.CancelFunc
-	r      *streamRunner[*pb.WatchRequest, *pb.WatchResponse]
+	r      *streams.Runner[*pb.WatchRequest, *pb.WatchResponse]
 
 	mu       sync.Mutex  // guards the fields below, the runner's, and those of the sessionWatchers of the client (see there)
 	watching int         // the watches not finished, of every session
@@ -42,7 +43,7 @@ const idleStreamTimeout = 5 * time.Second
 
 // watchStreams are the watch streams of the process, one per client with
 // sessions.
-var watchStreams clientShared[*watchStream]
+var watchStreams streams.Shared[*watchStream]
 
 // acquireWatchStream returns the watch stream of cli for a new session, or
 // nil for a client without a gRPC connection of its own
@@ -54,7 +55,7 @@ func acquireWatchStream(cli *clientv3.Client) *watchStream {
 	if conn == nil {
 		return nil
 	}
-	return watchStreams.acquire(cli, func() *watchStream {
+	return watchStreams.Acquire(cli, func() *watchStream {
 		// WithRequireLeader: a member cut off from its leader ends the
 		// stream rather than leave its watches silent.
 		ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(cli.Ctx(), requireLeaderMD))
@@ -65,8 +66,8 @@ func acquireWatchStream(cli *clientv3.Client) *watchStream {
 			cancel: cancel,
 			ids:    make(map[int64]*keyWatch),
 		}
-		ws.r = newStreamRunner(ctx, &ws.mu, streamUser[*pb.WatchRequest, *pb.WatchResponse](ws))
-		ws.r.idleAfter = idleStreamTimeout
+		ws.r = streams.NewRunner(ctx, &ws.mu, streams.User[*pb.WatchRequest, *pb.WatchResponse](ws))
+		ws.r.IdleAfter = idleStreamTimeout
 		return ws
 	})
 }
@@ -75,32 +76,32 @@ func acquireWatchStream(cli *clientv3.Client) *watchStream {
 // session to release it closes it, and waits until its goroutines have
 // ended.
 func (ws *watchStream) release() {
-	if !watchStreams.release(ws.cli) {
+	if !watchStreams.Release(ws.cli) {
 		return
 	}
 	ws.cancel()
-	ws.r.stop()
+	ws.r.Stop()
 }
 
-// open opens a Watch stream (streamUser).
-func (ws *watchStream) open(ctx context.Context) (bidi[*pb.WatchRequest, *pb.WatchResponse], error) {
+// Open opens a Watch stream (streams.User).
+func (ws *watchStream) Open(ctx context.Context) (streams.Bidi[*pb.WatchRequest, *pb.WatchResponse], error) {
 	// WaitForReady: while the client has no connection, wait for one
 	// rather than fail at once (as etcd's client does for its calls).
 	return ws.wc.Watch(ctx, grpc.WaitForReady(true))
 }
 
-// waiting reports, with ws.mu held, whether there are watches to make
-// (streamUser).
-func (ws *watchStream) waiting() bool { return len(ws.queue) > 0 }
+// Waiting reports, with ws.mu held, whether there are watches to make
+// (streams.User).
+func (ws *watchStream) Waiting() bool { return len(ws.queue) > 0 }
 
-// idle reports, with ws.mu held, whether there is nothing to watch
-// (streamUser).
-func (ws *watchStream) idle() bool { return ws.watching == 0 }
+// Idle reports, with ws.mu held, whether there is nothing to watch
+// (streams.User).
+func (ws *watchStream) Idle() bool { return ws.watching == 0 }
 
-// ended makes the watches of the stream that ended again on the next one,
+// Ended makes the watches of the stream that ended again on the next one,
 // from the same revision; a blocker's waiter is told instead, since events
-// may have been missed: it reads the queue again (streamUser).
-func (ws *watchStream) ended() {
+// may have been missed: it reads the queue again (streams.User).
+func (ws *watchStream) Ended() {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	for _, kw := range ws.creating {
@@ -123,10 +124,10 @@ func (ws *watchStream) ended() {
 	ws.queue = slices.DeleteFunc(ws.queue, func(kw *keyWatch) bool { return kw.state != watchQueued })
 }
 
-// receive handles one response of the open stream. It reports false when
+// Receive handles one response of the open stream. It reports false when
 // the stream must be given up: an answer to a create request not sent
-// (streamUser).
-func (ws *watchStream) receive(resp *pb.WatchResponse) bool {
+// (streams.User).
+func (ws *watchStream) Receive(resp *pb.WatchResponse) bool {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	if resp.Created {
@@ -189,7 +190,7 @@ func (ws *watchStream) created(resp *pb.WatchResponse) (ok, done bool) {
 	case kw.state != watchCreating:
 		// Stopped meanwhile.
 		ws.cancels = append(ws.cancels, resp.WatchId)
-		ws.r.signal()
+		ws.r.Signal()
 		return true, true
 	}
 	kw.state, kw.id, kw.refusals = watchActive, resp.WatchId, 0
@@ -201,9 +202,9 @@ func (ws *watchStream) created(resp *pb.WatchResponse) (ok, done bool) {
 	return false, false
 }
 
-// next returns the next request to send, with ws.mu held: a cancel first,
-// then a create (streamUser).
-func (ws *watchStream) next() (*pb.WatchRequest, bool) {
+// Next returns the next request to send, with ws.mu held: a cancel first,
+// then a create (streams.User).
+func (ws *watchStream) Next() (*pb.WatchRequest, bool) {
 	if len(ws.cancels) > 0 {
 		id := ws.cancels[0]
 		ws.cancels = ws.cancels[1:]

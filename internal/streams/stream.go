@@ -1,4 +1,9 @@
-package etcdlock
+// Package streams runs the gRPC streams a client's sessions share: one
+// LeaseKeepAlive stream for their renewals (Keeper) and, through Runner,
+// one Watch stream for their watches. It knows streams, leases and
+// requests, and nothing of locks: the lock package adapts to it, as
+// etcd's concurrency package uses the client's own streams.
+package streams
 
 import (
 	"context"
@@ -9,17 +14,17 @@ import (
 )
 
 // The sessions of one client share two gRPC streams to etcd: one
-// LeaseKeepAlive stream for their renewals (keeper) and one Watch stream
+// LeaseKeepAlive stream for their renewals (Keeper) and one Watch stream
 // for their key watches (watchStream). On etcd a stream costs goroutines
 // and memory for as long as it is open, and under auth opening one costs
 // an Authenticate call too; a stream per session would make etcd pay for
-// every session. Both run on a streamRunner, which knows streams and
+// every session. Both run on a Runner, which knows streams and
 // nothing of what they carry; each user keeps only its own bookkeeping
 // (the renewals in flight; the watch registry).
 
-// A clientShared holds one T per client that has sessions: the first
+// A Shared holds one T per client that has sessions: the first
 // session makes it, the last one stops it.
-type clientShared[T any] struct {
+type Shared[T any] struct {
 	mu sync.Mutex
 	m  map[*clientv3.Client]*sharedRef[T]
 }
@@ -31,7 +36,7 @@ type sharedRef[T any] struct {
 
 // acquire returns cli's T, made with make if cli has none. The caller must
 // call release once when done with it.
-func (c *clientShared[T]) acquire(cli *clientv3.Client, make func() T) T {
+func (c *Shared[T]) Acquire(cli *clientv3.Client, make func() T) T {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if r := c.m[cli]; r != nil {
@@ -49,7 +54,7 @@ func (c *clientShared[T]) acquire(cli *clientv3.Client, make func() T) T {
 // release gives back cli's T, and reports whether it was the last
 // reference: then the caller stops it, and a session that starts from now
 // on gets a new one.
-func (c *clientShared[T]) release(cli *clientv3.Client) (last bool) {
+func (c *Shared[T]) Release(cli *clientv3.Client) (last bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := c.m[cli]
@@ -61,36 +66,36 @@ func (c *clientShared[T]) release(cli *clientv3.Client) (last bool) {
 	return true
 }
 
-// A bidi is a gRPC bidirectional stream: LeaseKeepAlive's or Watch's.
-type bidi[Req, Resp any] interface {
+// A Bidi is a gRPC bidirectional stream: LeaseKeepAlive's or Watch's.
+type Bidi[Req, Resp any] interface {
 	Send(Req) error
 	Recv() (Resp, error)
 }
 
-// A streamUser is what a streamRunner carries on its streams. The methods
+// A User is what a Runner carries on its streams. The methods
 // marked "with mu held" are called with the runner's mu, which is the
 // user's own lock.
-type streamUser[Req, Resp any] interface {
+type User[Req, Resp any] interface {
 	// open opens a stream, which ends with ctx.
-	open(ctx context.Context) (bidi[Req, Resp], error)
+	Open(ctx context.Context) (Bidi[Req, Resp], error)
 	// next returns, with mu held, the next request to send on the open
 	// stream, if any.
-	next() (Req, bool)
+	Next() (Req, bool)
 	// receive handles an answer that came on the open stream. It reports
 	// false if the stream must be given up.
-	receive(resp Resp) bool
+	Receive(resp Resp) bool
 	// ended is called once the open stream has ended and its sender and
 	// receiver have returned: what was sent on it and not answered is the
 	// user's to fail or send again.
-	ended()
+	Ended()
 	// waiting reports, with mu held, whether there are requests to send.
-	waiting() bool
+	Waiting() bool
 	// idle reports, with mu held, whether there is nothing to carry: a
 	// runner with an idle timeout then closes its stream after it.
-	idle() bool
+	Idle() bool
 }
 
-// A streamRunner runs one user's stream: it opens one when there is a
+// A Runner runs one user's stream: it opens one when there is a
 // request to send, sends the requests next gives it, in order, hands the
 // answers to receive, and when the stream breaks, or its user gives it up
 // (giveUp), waits a little (25ms, doubling to 1s while streams answer
@@ -99,16 +104,16 @@ type streamUser[Req, Resp any] interface {
 // Its goroutines, one that opens streams and two while a stream is open
 // (one sends, one receives), all end when ctx ends (stop waits for them),
 // and also when the runner has been idle after a stream ended.
-type streamRunner[Req, Resp any] struct {
-	user streamUser[Req, Resp]
+type Runner[Req, Resp any] struct {
+	user User[Req, Resp]
 	mu   *sync.Mutex     // the user's lock; guards the fields below and each openStream's sending
 	ctx  context.Context // ends when the runner must stop
-	// batch is how long the sender lets requests gather, after it was
+	// Batch is how long the sender lets requests gather, after it was
 	// woken, before it sends them; 0: at once.
-	batch time.Duration
-	// idleAfter is how long an open stream stays open while the user is
+	Batch time.Duration
+	// IdleAfter is how long an open stream stays open while the user is
 	// idle; 0: for as long as the runner runs.
-	idleAfter time.Duration
+	IdleAfter time.Duration
 	wake      chan struct{} // there are requests to send; capacity 1
 
 	running bool          // run is running
@@ -122,12 +127,12 @@ type openStream struct {
 	sending bool // its sender may send; guarded by the runner's mu
 }
 
-func newStreamRunner[Req, Resp any](ctx context.Context, mu *sync.Mutex, user streamUser[Req, Resp]) *streamRunner[Req, Resp] {
-	return &streamRunner[Req, Resp]{user: user, mu: mu, ctx: ctx, wake: make(chan struct{}, 1)}
+func NewRunner[Req, Resp any](ctx context.Context, mu *sync.Mutex, user User[Req, Resp]) *Runner[Req, Resp] {
+	return &Runner[Req, Resp]{user: user, mu: mu, ctx: ctx, wake: make(chan struct{}, 1)}
 }
 
 // start starts the runner if it is not running, with mu held.
-func (r *streamRunner[Req, Resp]) start() {
+func (r *Runner[Req, Resp]) Start() {
 	if r.running || r.ctx.Err() != nil {
 		return
 	}
@@ -138,7 +143,7 @@ func (r *streamRunner[Req, Resp]) start() {
 
 // signal wakes the runner, or its open stream's sender: there are
 // requests to send.
-func (r *streamRunner[Req, Resp]) signal() {
+func (r *Runner[Req, Resp]) Signal() {
 	select {
 	case r.wake <- struct{}{}:
 	default: // woken already
@@ -146,13 +151,13 @@ func (r *streamRunner[Req, Resp]) signal() {
 }
 
 // sending reports, with mu held, whether a stream is open and sending.
-func (r *streamRunner[Req, Resp]) sending() bool {
+func (r *Runner[Req, Resp]) Sending() bool {
 	return r.cur != nil && r.cur.sending
 }
 
 // stop waits until the runner's goroutines have returned. Its ctx has
 // ended.
-func (r *streamRunner[Req, Resp]) stop() {
+func (r *Runner[Req, Resp]) Stop() {
 	r.mu.Lock()
 	running, done := r.running, r.done
 	r.mu.Unlock()
@@ -164,7 +169,7 @@ func (r *streamRunner[Req, Resp]) stop() {
 // giveUp gives up the open stream, if any, with mu held: its user has
 // judged it stuck. It ends as if it had broken, and the next one opens
 // after the backoff.
-func (r *streamRunner[Req, Resp]) giveUp() {
+func (r *Runner[Req, Resp]) GiveUp() {
 	if r.cur != nil {
 		r.cur.sending = false
 		r.cur.cancel()
@@ -175,9 +180,9 @@ func (r *streamRunner[Req, Resp]) giveUp() {
 // breaks, and waits a little before the next one, until ctx ends or, with
 // an idle timeout, the user is idle once a stream has ended (start starts
 // it again).
-func (r *streamRunner[Req, Resp]) run(done chan struct{}) {
+func (r *Runner[Req, Resp]) run(done chan struct{}) {
 	defer close(done)
-	backoff := minStreamBackoff
+	backoff := MinBackoff
 	for r.ctx.Err() == nil {
 		select {
 		case <-r.ctx.Done():
@@ -185,7 +190,7 @@ func (r *streamRunner[Req, Resp]) run(done chan struct{}) {
 		case <-r.wake:
 		}
 		if r.serve() {
-			backoff = minStreamBackoff
+			backoff = MinBackoff
 		}
 		t := time.NewTimer(backoff)
 		select {
@@ -193,19 +198,19 @@ func (r *streamRunner[Req, Resp]) run(done chan struct{}) {
 			t.Stop()
 		case <-t.C:
 		}
-		backoff = min(2*backoff, maxStreamBackoff)
+		backoff = min(2*backoff, MaxBackoff)
 		r.mu.Lock()
-		if r.idleAfter > 0 && r.user.idle() && r.ctx.Err() == nil {
+		if r.IdleAfter > 0 && r.user.Idle() && r.ctx.Err() == nil {
 			// Nothing to carry: a client that no longer uses the stream
 			// costs neither a goroutine nor a stream.
 			r.running = false
 			r.mu.Unlock()
 			return
 		}
-		left := r.user.waiting()
+		left := r.user.Waiting()
 		r.mu.Unlock()
 		if left {
-			r.signal() // the requests not sent go on the next stream
+			r.Signal() // the requests not sent go on the next stream
 		}
 	}
 }
@@ -213,10 +218,10 @@ func (r *streamRunner[Req, Resp]) run(done chan struct{}) {
 // serve opens a stream and serves it until it ends. It reports whether
 // an answer came on it. What was sent on it and not answered is the
 // user's (ended).
-func (r *streamRunner[Req, Resp]) serve() (answered bool) {
+func (r *Runner[Req, Resp]) serve() (answered bool) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
-	s, err := r.user.open(ctx)
+	s, err := r.user.Open(ctx)
 	if err != nil {
 		return false
 	}
@@ -236,7 +241,7 @@ func (r *streamRunner[Req, Resp]) serve() (answered bool) {
 			break
 		}
 		answered = true
-		if !r.user.receive(resp) {
+		if !r.user.Receive(resp) {
 			break
 		}
 	}
@@ -246,13 +251,13 @@ func (r *streamRunner[Req, Resp]) serve() (answered bool) {
 	r.mu.Unlock()
 	cancel()
 	<-sendDone
-	r.user.ended()
+	r.user.Ended()
 	return answered
 }
 
 // send sends the requests next gives it on st, in order, until ctx ends, a
-// send fails, st ends, or the user has been idle for idleAfter.
-func (r *streamRunner[Req, Resp]) send(ctx context.Context, st *openStream, s bidi[Req, Resp]) {
+// send fails, st ends, or the user has been idle for IdleAfter.
+func (r *Runner[Req, Resp]) send(ctx context.Context, st *openStream, s Bidi[Req, Resp]) {
 	for {
 		for {
 			r.mu.Lock()
@@ -260,7 +265,7 @@ func (r *streamRunner[Req, Resp]) send(ctx context.Context, st *openStream, s bi
 				r.mu.Unlock()
 				return
 			}
-			req, ok := r.user.next()
+			req, ok := r.user.Next()
 			r.mu.Unlock()
 			if !ok {
 				break
@@ -272,8 +277,8 @@ func (r *streamRunner[Req, Resp]) send(ctx context.Context, st *openStream, s bi
 		if !r.await(ctx) {
 			return
 		}
-		if r.batch > 0 {
-			t := time.NewTimer(r.batch)
+		if r.Batch > 0 {
+			t := time.NewTimer(r.Batch)
 			select {
 			case <-ctx.Done():
 				t.Stop()
@@ -286,12 +291,12 @@ func (r *streamRunner[Req, Resp]) send(ctx context.Context, st *openStream, s bi
 
 // await waits, for the sender, until there may be requests to send. It
 // reports false when the sender must stop: ctx ended, or the user has been
-// idle for idleAfter (the stream then closes).
-func (r *streamRunner[Req, Resp]) await(ctx context.Context) bool {
+// idle for IdleAfter (the stream then closes).
+func (r *Runner[Req, Resp]) await(ctx context.Context) bool {
 	var idleC <-chan time.Time
 	r.mu.Lock()
-	if r.idleAfter > 0 && r.user.idle() {
-		idle := time.NewTimer(r.idleAfter)
+	if r.IdleAfter > 0 && r.user.Idle() {
+		idle := time.NewTimer(r.IdleAfter)
 		defer idle.Stop()
 		idleC = idle.C
 	}
@@ -304,6 +309,6 @@ func (r *streamRunner[Req, Resp]) await(ctx context.Context) bool {
 	case <-idleC:
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return !r.user.idle()
+		return !r.user.Idle()
 	}
 }

@@ -1,4 +1,4 @@
-package etcdlock
+package streams
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 //
 // etcd's lessor cannot be used as it is: it reports when an answer
 // arrived, not when the request it answers was sent, and a session must
-// count its lease's life from the send (see Session). The keeper records
+// count its lease's life from the send (see Session). The Keeper records
 // the time each request is handed to the stream. etcd serves a keepalive
 // stream's requests one after the other and answers each one, in order
 // (an error ends the stream instead), so the first unanswered request for
@@ -31,26 +31,26 @@ import (
 // A stream can also stop answering without breaking: over a TCP
 // connection gone half-open, which gRPC notices only with keepalive
 // (clientv3.Config.DialKeepAliveTime), requests go out and nothing comes
-// back. The keeper gives such a stream up as if it had broken (see
-// stuckAfter) and opens another, which the client's balancer may put on
+// back. The Keeper gives such a stream up as if it had broken (see
+// StuckAfter) and opens another, which the client's balancer may put on
 // another connection, to another endpoint.
 
-// keepers holds the keeper of each client that has sessions.
-var keepers clientShared[*keeper]
+// keepers holds the Keeper of each client that has sessions.
+var keepers Shared[*Keeper]
 
-// A keeper sends the lease renewals of the sessions of one client on one
+// A Keeper sends the lease renewals of the sessions of one client on one
 // LeaseKeepAlive stream (its runner's), and opens another when it breaks
-// or is stuck (see stuckAfter). It opens the stream when there is a first
+// or is stuck (see StuckAfter). It opens the stream when there is a first
 // renewal to send, not when it starts: a session makes no call beyond its
 // Grant until its first renewal. It starts with the client's first
 // session and ends when the last one ends or the client is closed. It is
 // safe for concurrent use.
-type keeper struct {
+type Keeper struct {
 	cli    *clientv3.Client
 	lease  pb.LeaseClient  // nil: renew with cli.KeepAliveOnce
 	ctx    context.Context // ends when the last session leaves, or with the client
 	cancel context.CancelFunc
-	r      *streamRunner[*pb.LeaseKeepAliveRequest, *pb.LeaseKeepAliveResponse]
+	r      *Runner[*pb.LeaseKeepAliveRequest, *pb.LeaseKeepAliveResponse]
 
 	mu      sync.Mutex  // guards the fields below, and every renewal's sent and abandoned
 	queue   []*renewal  // asked for, not yet sent
@@ -59,7 +59,7 @@ type keeper struct {
 	checkAt time.Time   // when check fires; zero when it is stopped
 }
 
-// A keptStream is what the keeper sent on one stream and still waits for.
+// A keptStream is what the Keeper sent on one stream and still waits for.
 type keptStream struct {
 	// pending holds the requests sent and not answered, per lease, oldest
 	// first: etcd answers a stream's requests in order.
@@ -70,7 +70,7 @@ type keptStream struct {
 // A renewal is one keepalive request of a session.
 type renewal struct {
 	id        clientv3.LeaseID
-	patience  time.Duration // how long it waits for an answer on a silent stream: see stuckAfter
+	patience  time.Duration // how long it waits for an answer on a silent stream: see StuckAfter
 	sent      time.Time     // when it was handed to the stream
 	abandoned bool          // its session stopped waiting before it was sent: not sent
 	res       chan renewed  // receives the outcome, once; capacity 1
@@ -84,13 +84,13 @@ type renewed struct {
 	err  error
 }
 
-// errStreamBroken is why a renewal fails that was sent on a stream that
+// ErrStreamBroken is why a renewal fails that was sent on a stream that
 // broke before answering it.
-var errStreamBroken = errors.New("lease keepalive stream broke before answering")
+var ErrStreamBroken = errors.New("lease keepalive stream broke before answering")
 
-// stuckAfter is how long a renewal of a lease of TTL ttl waits for its
+// StuckAfter is how long a renewal of a lease of TTL ttl waits for its
 // answer, with nothing at all coming on the stream meanwhile, before the
-// keeper takes the stream for stuck and gives it up: every request pending
+// Keeper takes the stream for stuck and gives it up: every request pending
 // on it fails, as when a stream breaks, and their sessions ask again at
 // once, on the next stream.
 //
@@ -110,7 +110,7 @@ var errStreamBroken = errors.New("lease keepalive stream broke before answering"
 // Answers to other requests are signs of life: a stream that keeps
 // answering is not stuck, however far behind it is (etcd answers a
 // stream's requests in order, and a burst of them waits in line).
-func stuckAfter(ttl time.Duration) time.Duration {
+func StuckAfter(ttl time.Duration) time.Duration {
 	return ttl/2 - 200*time.Millisecond
 }
 
@@ -124,47 +124,47 @@ const sendBatchDelay = 100 * time.Millisecond
 
 // Backoff between streams when one breaks.
 const (
-	minStreamBackoff = 25 * time.Millisecond
-	maxStreamBackoff = time.Second
+	MinBackoff = 25 * time.Millisecond
+	MaxBackoff = time.Second
 )
 
-// acquireKeeper returns the keeper of cli, starting it if cli has none.
+// AcquireKeeper returns the Keeper of cli, starting it if cli has none.
 // The caller must call release once when done with it. A client without
 // a gRPC connection of its own (clientv3.NewCtxClient, as etcd's v3client
-// makes for an embedded server) gets a keeper that renews through the
+// makes for an embedded server) gets a Keeper that renews through the
 // client's Lease, one KeepAliveOnce per renewal.
-func acquireKeeper(cli *clientv3.Client) *keeper {
+func AcquireKeeper(cli *clientv3.Client) *Keeper {
 	conn := cli.ActiveConnection()
 	if conn == nil {
-		return &keeper{cli: cli}
+		return &Keeper{cli: cli}
 	}
-	return keepers.acquire(cli, func() *keeper {
+	return keepers.Acquire(cli, func() *Keeper {
 		// The stream ends with the client: nothing can be renewed on a
 		// closed client, and its goroutines must not outlive it.
 		ctx, cancel := context.WithCancel(cli.Ctx())
-		k := &keeper{
+		k := &Keeper{
 			cli:    cli,
 			lease:  pb.NewLeaseClient(conn),
 			ctx:    ctx,
 			cancel: cancel,
 			sent:   keptStream{pending: make(map[clientv3.LeaseID][]*renewal)},
 		}
-		k.r = newStreamRunner(ctx, &k.mu, streamUser[*pb.LeaseKeepAliveRequest, *pb.LeaseKeepAliveResponse](k))
-		k.r.batch = sendBatchDelay
+		k.r = NewRunner(ctx, &k.mu, User[*pb.LeaseKeepAliveRequest, *pb.LeaseKeepAliveResponse](k))
+		k.r.Batch = sendBatchDelay
 		k.check = time.AfterFunc(time.Hour, k.checkStuck)
 		k.check.Stop()
 		return k
 	})
 }
 
-// release gives back a keeper acquireKeeper returned. The last session
+// release gives back a Keeper AcquireKeeper returned. The last session
 // to release it stops it, and waits until its goroutines have ended.
-func (k *keeper) release() {
-	if k.lease == nil || !keepers.release(k.cli) {
+func (k *Keeper) Release() {
+	if k.lease == nil || !keepers.Release(k.cli) {
 		return
 	}
 	k.cancel()
-	k.r.stop()
+	k.r.Stop()
 	k.check.Stop()
 }
 
@@ -174,10 +174,10 @@ func (k *keeper) release() {
 // when the lease does not exist), or an error: the stream broke or was
 // given up as stuck, ctx ended, or context.DeadlineExceeded when expired
 // fired. patience is how long the request may wait for its answer on a
-// silent stream before the stream counts as stuck (see stuckAfter). A
+// silent stream before the stream counts as stuck (see StuckAfter). A
 // request waits for a stream to be open; one not sent when renew returns
 // never is. A failed renewal proves nothing; the caller may try again.
-func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID, patience time.Duration, giveUp time.Time, expired <-chan time.Time) (sent time.Time, ttl int64, err error) {
+func (k *Keeper) Renew(ctx context.Context, id clientv3.LeaseID, patience time.Duration, giveUp time.Time, expired <-chan time.Time) (sent time.Time, ttl int64, err error) {
 	if k.lease == nil {
 		ctx, cancel := context.WithDeadline(ctx, giveUp)
 		defer cancel()
@@ -194,9 +194,9 @@ func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID, patience time.D
 	r := &renewal{id: id, patience: patience, res: make(chan renewed, 1)}
 	k.mu.Lock()
 	k.queue = append(k.queue, r)
-	k.r.start()
+	k.r.Start()
 	k.mu.Unlock()
-	k.r.signal()
+	k.r.Signal()
 	select {
 	case res := <-r.res:
 		return res.sent, res.ttl, res.err
@@ -212,8 +212,8 @@ func (k *keeper) renew(ctx context.Context, id clientv3.LeaseID, patience time.D
 	return time.Time{}, 0, err
 }
 
-// open opens a LeaseKeepAlive stream (streamUser).
-func (k *keeper) open(ctx context.Context) (bidi[*pb.LeaseKeepAliveRequest, *pb.LeaseKeepAliveResponse], error) {
+// open opens a LeaseKeepAlive stream (User).
+func (k *Keeper) Open(ctx context.Context) (Bidi[*pb.LeaseKeepAliveRequest, *pb.LeaseKeepAliveResponse], error) {
 	// A member without a leader cannot renew a lease: with
 	// WithRequireLeader it ends the stream, and the next one may go to a
 	// member that can. WaitForReady: while the client has no connection,
@@ -223,8 +223,8 @@ func (k *keeper) open(ctx context.Context) (bidi[*pb.LeaseKeepAliveRequest, *pb.
 }
 
 // next returns the next renewal to send on the open stream, with k.mu
-// held (streamUser).
-func (k *keeper) next() (*pb.LeaseKeepAliveRequest, bool) {
+// held (User).
+func (k *Keeper) Next() (*pb.LeaseKeepAliveRequest, bool) {
 	var r *renewal
 	for r == nil && len(k.queue) > 0 {
 		r = k.queue[0]
@@ -249,17 +249,17 @@ func (k *keeper) next() (*pb.LeaseKeepAliveRequest, bool) {
 }
 
 // waiting reports, with k.mu held, whether there are renewals to send
-// (streamUser).
-func (k *keeper) waiting() bool { return len(k.queue) > 0 }
+// (User).
+func (k *Keeper) Waiting() bool { return len(k.queue) > 0 }
 
-// idle is never true: the keeper's stream stays open while it has
-// sessions, which renew every TTL/3 (streamUser).
-func (k *keeper) idle() bool { return false }
+// idle is never true: the Keeper's stream stays open while it has
+// sessions, which renew every TTL/3 (User).
+func (k *Keeper) Idle() bool { return false }
 
 // receive hands etcd's answer to the oldest request for its lease that is
 // still unanswered on the stream, since etcd answers a stream's requests
-// in order (streamUser).
-func (k *keeper) receive(resp *pb.LeaseKeepAliveResponse) bool {
+// in order (User).
+func (k *Keeper) Receive(resp *pb.LeaseKeepAliveResponse) bool {
 	k.mu.Lock()
 	r := k.sent.answer(resp)
 	if len(k.sent.pending) == 0 && !k.checkAt.IsZero() {
@@ -298,8 +298,8 @@ func (ks *keptStream) answer(resp *pb.LeaseKeepAliveResponse) *renewal {
 }
 
 // ended fails the renewals sent on the stream that ended and not answered:
-// they prove nothing (streamUser).
-func (k *keeper) ended() {
+// they prove nothing (User).
+func (k *Keeper) Ended() {
 	k.mu.Lock()
 	var failed []*renewal
 	for _, q := range k.sent.pending {
@@ -310,23 +310,23 @@ func (k *keeper) ended() {
 	k.checkAt = time.Time{}
 	k.mu.Unlock()
 	for _, r := range failed {
-		r.res <- renewed{err: errStreamBroken}
+		r.res <- renewed{err: ErrStreamBroken}
 	}
 }
 
 // checkStuck looks, when check fires, whether the open stream is stuck. If
-// it is, the keeper gives it up; otherwise it sets check to fire when the
+// it is, the Keeper gives it up; otherwise it sets check to fire when the
 // next request is due. It runs on a timer's goroutine, not on the stream's
 // sender or receiver: either may be blocked on the stream for good (Send
 // too, once the stream's flow control window is used up).
-func (k *keeper) checkStuck() {
+func (k *Keeper) checkStuck() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.checkAt = time.Time{}
 	stuck, next := k.sent.stuck(time.Now())
 	switch {
 	case stuck:
-		k.r.giveUp()
+		k.r.GiveUp()
 	case !next.IsZero():
 		k.checkAt = next
 		k.check.Reset(time.Until(next))

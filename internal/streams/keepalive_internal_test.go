@@ -1,4 +1,4 @@
-package etcdlock
+package streams
 
 import (
 	"testing"
@@ -39,7 +39,7 @@ func TestKeeperMatchesOldestSend(t *testing.T) {
 	}
 }
 
-// TestKeeperStuck: the keeper takes its stream for stuck when a request
+// TestKeeperStuck: the Keeper takes its stream for stuck when a request
 // has waited for its patience and the stream has delivered nothing for as
 // long, and not before: an answer to another request shows the stream is
 // alive, however late the one waited for is. Until then it looks again
