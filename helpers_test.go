@@ -48,61 +48,25 @@ func cutSession(t *testing.T, cli *clientv3.Client, opts ...etcdlock.SessionOpti
 // lockName returns a lock name no other test uses.
 func lockName(t *testing.T) string { return "test/" + t.Name() }
 
-// waiter is a Mutex whose Lock runs in a goroutine.
+// waiter is a Mutex whose Lock runs in a goroutine: a qwaiter
+// (queue_helpers_test.go) that keeps its Mutex, whose result and
+// assertWaiting it has.
 type waiter struct {
-	m    *etcdlock.Mutex
-	idle chan string // receives the watched key each time the waiter blocks
-	done chan error  // receives Lock's result
+	*qwaiter
+	m *etcdlock.Mutex
 }
 
 // startWaiter starts m.Lock(ctx) in a goroutine.
 func startWaiter(ctx context.Context, m *etcdlock.Mutex) *waiter {
-	w := &waiter{m: m, idle: make(chan string, 64), done: make(chan error, 1)}
-	etcdlock.SetTestHookWait(m, func(pred string) {
-		select {
-		case w.idle <- pred:
-		default:
-		}
-	})
-	go func() { w.done <- m.Lock(ctx) }()
-	return w
+	return &waiter{qwaiter: startQ(ctx, m, m.Lock), m: m}
 }
 
 // waitIdle waits until w has set up its watches and blocks, and returns the
-// key it watches. It fails if Lock returned first.
+// key it watches: a Mutex's waiter watches the key just ahead of it. It
+// fails if Lock returned first.
 func (w *waiter) waitIdle(t *testing.T) string {
 	t.Helper()
-	select {
-	case pred := <-w.idle:
-		return pred
-	case err := <-w.done:
-		t.Fatalf("Lock returned %v while it should wait", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("waiter did not start waiting in 10s")
-	}
-	return ""
-}
-
-// result waits for w's Lock to return.
-func (w *waiter) result(t *testing.T, within time.Duration) error {
-	t.Helper()
-	select {
-	case err := <-w.done:
-		return err
-	case <-time.After(within):
-		t.Fatalf("Lock did not return within %v", within)
-	}
-	return nil
-}
-
-// assertWaiting asserts w's Lock has not returned.
-func (w *waiter) assertWaiting(t *testing.T) {
-	t.Helper()
-	select {
-	case err := <-w.done:
-		t.Fatalf("Lock returned %v while it should still wait", err)
-	default:
-	}
+	return w.qwaiter.waitIdle(t)[0]
 }
 
 // keys returns the keys under name + "/" in etcd, oldest first.
