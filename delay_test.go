@@ -599,7 +599,10 @@ func TestLockDelaySchedules(t *testing.T) {
 	// Two readers behind a writer whose session ends are both admitted
 	// by the queue and both find the delay: one starts it, and the
 	// other's start, held until then, finds it begun and leaves it. Both
-	// wait it out.
+	// wait it out. Each reader's start is held on an injector of its own:
+	// b's until a's has come (else b could start the delay before a read
+	// the queue, and a, finding it begun, would send no start at all), and
+	// a's until b's has started the delay.
 	t.Run("TwoStart", func(t *testing.T) {
 		t.Parallel()
 		name := delayName(t)
@@ -612,22 +615,32 @@ func TestLockDelaySchedules(t *testing.T) {
 		require.Len(t, resp.Kvs, 1)
 		rec = etcdlock.LockDelayPrefix + string(resp.Kvs[0].Key)
 
-		var in etcdtest.Injector
-		icli := cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()})
-		fired := in.At(etcdtest.Nth(1, delayPut(true)), etcdtest.Action{Before: func(etcdtest.RPC) {
-			// Until the other reader has started the delay.
-			for range 1000 {
+		var ina, inb etcdtest.Injector
+		acli := cluster.Client(t, clientv3.Config{DialOptions: ina.DialOptions()})
+		bcli := cluster.Client(t, clientv3.Config{DialOptions: inb.DialOptions()})
+		aCame := make(chan struct{})
+		fired := ina.At(etcdtest.Nth(1, delayPut(true)), etcdtest.Action{Before: func(etcdtest.RPC) {
+			close(aCame)
+			// Until b has started the delay.
+			for range 3000 {
 				r, err := cli.Get(t.Context(), rec)
 				if err == nil && len(r.Kvs) == 1 && r.Kvs[0].Lease != 0 {
 					return
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			t.Errorf("the other reader did not start the delay")
+			t.Errorf("b did not start the delay")
+		}})
+		bFired := inb.At(etcdtest.Nth(1, delayPut(true)), etcdtest.Action{Before: func(etcdtest.RPC) {
+			select {
+			case <-aCame:
+			case <-time.After(30 * time.Second):
+				t.Errorf("a's start did not come")
+			}
 		}})
 		readers := []*etcdlock.RWMutex{
-			etcdlock.NewRWMutex(newSession(t, icli), name, etcdlock.WithLockDelay(testDelay)),
-			etcdlock.NewRWMutex(newSession(t, cli), name, etcdlock.WithLockDelay(testDelay)),
+			etcdlock.NewRWMutex(newSession(t, acli), name, etcdlock.WithLockDelay(testDelay)),
+			etcdlock.NewRWMutex(newSession(t, bcli), name, etcdlock.WithLockDelay(testDelay)),
 		}
 		done := make(chan error, 2)
 		for _, r := range readers {
@@ -646,6 +659,7 @@ func TestLockDelaySchedules(t *testing.T) {
 			require.GreaterOrEqual(t, time.Since(closed), testDelay)
 		}
 		awaitFired(t, fired)
+		awaitFired(t, bFired)
 		for _, r := range readers {
 			require.NoError(t, r.RUnlock(t.Context()))
 		}
