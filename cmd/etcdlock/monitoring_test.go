@@ -87,8 +87,8 @@ func TestDashboardQueries(t *testing.T) {
 	srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	// A TTL of a second renews every third of it: renewals in every window.
-	s, err := etcdlock.NewSession(t.Context(), cli, etcdlock.WithTTL(time.Second), etcdlock.WithHooks(m.Hooks()))
+	// A TTL of 3s renews every second: renewals in every 20s window.
+	s, err := etcdlock.NewSession(t.Context(), cli, etcdlock.WithTTL(3*time.Second), etcdlock.WithHooks(m.Hooks()))
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	lost := etcdlock.NewMutex(s, prefix+"lost")

@@ -94,7 +94,8 @@ func TestStatusGocronHolder(t *testing.T) {
 	t.Parallel()
 	cli := newClient(t)
 	name := lockName(t)
-	l, err := etcdlockgocron.NewLocker(cli, time.Second, etcdlockgocron.WithPrefix(name+"/"), etcdlockgocron.WithIdentity("replica-a"))
+	// Lock waits for etcd at most the minimum hold: a loaded machine's.
+	l, err := etcdlockgocron.NewLocker(cli, 5*time.Second, etcdlockgocron.WithPrefix(name+"/"), etcdlockgocron.WithIdentity("replica-a"))
 	require.NoError(t, err)
 	t.Cleanup(func() { l.Close() })
 	lock, err := l.Lock(t.Context(), "job")

@@ -327,7 +327,10 @@ func TestTenancyGocron(t *testing.T) {
 			cli := c.Client(t, clientv3.Config{Username: tm.user, Password: "pw"})
 			ctx := t.Context()
 			lock := func(prefix string) error {
-				l, err := etcdlockgocron.NewLocker(cli, 10*time.Millisecond, etcdlockgocron.WithPrefix(prefix))
+				// Lock waits for etcd at most the minimum hold, its
+				// session's first grant and login included: give it
+				// a loaded machine's time.
+				l, err := etcdlockgocron.NewLocker(cli, 5*time.Second, etcdlockgocron.WithPrefix(prefix))
 				require.NoError(t, err)
 				defer l.Close()
 				k, err := l.Lock(ctx, "job")
