@@ -154,17 +154,7 @@ const (
 // etcdctlBinary returns the etcdctl the tests run, or skips the test.
 func etcdctlBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv(etcdctlEnv); p != "" {
-		return p
-	}
-	p, err := exec.LookPath("etcdctl")
-	if err != nil {
-		if os.Getenv(etcdctlRequireEnv) != "" {
-			t.Fatalf("no etcdctl (set %s, or put it on PATH): %v", etcdctlEnv, err)
-		}
-		t.Skipf("no etcdctl (set %s, or put it on PATH; Debian's etcd-client has one)", etcdctlEnv)
-	}
-	return p
+	return toolBinary(t, "etcdctl", etcdctlEnv, etcdctlRequireEnv, "Debian's etcd-client has one")
 }
 
 // TestGrantsRunInEtcdctl: the lines grants prints are run by a shell

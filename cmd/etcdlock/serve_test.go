@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"regexp"
@@ -220,14 +221,9 @@ type promResult struct {
 func query(t *testing.T, base, q string) promResult {
 	t.Helper()
 	var r promResult
-	require.NoError(t, json.Unmarshal([]byte(get(t, base+"api/v1/query?query="+urlQuery(q))), &r))
+	require.NoError(t, json.Unmarshal([]byte(get(t, base+"api/v1/query?query="+url.QueryEscape(q))), &r))
 	require.Equal(t, "success", r.Status, r.Error)
 	return r
-}
-
-// urlQuery escapes q for a URL's query.
-func urlQuery(q string) string {
-	return strings.NewReplacer("%", "%25", "+", "%2B", " ", "%20", "{", "%7B", "}", "%7D", `"`, "%22", "=", "%3D", "&", "%26", "#", "%23", "/", "%2F", "~", "%7E", "|", "%7C", "<", "%3C", ">", "%3E", "[", "%5B", "]", "%5D", "!", "%21").Replace(q)
 }
 
 // TestServeScrapedByPrometheus (issue 40): Debian's prometheus scrapes
