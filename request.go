@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/streams"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -220,7 +221,7 @@ func (s *Session) awaitRequest(ctx context.Context, key string, token int64) boo
 	want := strconv.FormatInt(token, 10)
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
-		wctx, cancel := context.WithCancel(requireLeader(ctx))
+		wctx, cancel := context.WithCancel(streams.RequireLeader(ctx))
 		for wr := range s.cli.Watch(wctx, key, clientv3.WithCreatedNotify(), clientv3.WithFilterDelete()) {
 			if refused(wr.Err()) {
 				cancel()

@@ -6,9 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/streams"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Errors that pass, and what the library does about them: a write that
@@ -53,18 +52,8 @@ func transient(err error) bool {
 		return false
 	}
 	// etcd's transient errors (no leader, leader changed, its own request
-	// timeouts, too many requests) carry these codes; judging by the code
-	// rather than a list keeps errors of newer etcd releases covered.
-	code := status.Code(err)
-	var ee rpctypes.EtcdError
-	if errors.As(err, &ee) {
-		code = ee.Code()
-	}
-	switch code {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
-		return true
-	}
-	return false
+	// timeouts, too many requests), by their gRPC code.
+	return streams.TransientCode(err)
 }
 
 // errProposalDropped is raft's ErrProposalDropped as etcd sends it.
@@ -123,4 +112,38 @@ func refused(err error) bool {
 	// (the client makes it from the watch's cancel reason).
 	return errors.Is(err, rpctypes.ErrPermissionDenied) ||
 		err != nil && strings.HasSuffix(err.Error(), rpctypes.ErrPermissionDenied.Error())
+}
+
+// rpcErr maps etcd's "lease not found" to ErrSessionExpired.
+func (q *queue) rpcErr(err error) error {
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		q.s.lost()
+		return errorf("%w: %w", ErrSessionExpired, err)
+	}
+	return err
+}
+
+// passes returns retryable with ctx, for retry.
+func (q *queue) passes(ctx context.Context) func(error) bool {
+	return func(err error) bool { return q.retryable(ctx, err) }
+}
+
+// retryable reports whether a waiter may try again after err: a broken
+// watch, or an etcd error that passes (no leader, leader changed, a
+// timeout inside etcd, a member out of reach), while ctx and the session
+// last.
+func (q *queue) retryable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || q.s.Err() != nil {
+		return false
+	}
+	return transient(err)
+}
+
+// cause returns err, or the session's end when that is what stopped a call
+// made with ctx bound to the session.
+func (q *queue) cause(ctx context.Context, err error) error {
+	if serr := q.s.Err(); serr != nil && ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
+		return serr
+	}
+	return err
 }

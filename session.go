@@ -10,7 +10,6 @@ import (
 	"github.com/etcdlock/etcdlock/internal/streams"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/metadata"
 )
 
 // A Session is a lease on etcd kept alive while the process runs. Every
@@ -111,20 +110,6 @@ func (s *Session) spawn(f func()) bool {
 	return true
 }
 
-// requireLeaderMD is the metadata of clientv3.WithRequireLeader, made once
-// and shared: never written.
-var requireLeaderMD = metadata.Pairs(rpctypes.MetadataRequireLeaderKey, rpctypes.MetadataHasLeader)
-
-// requireLeader is clientv3.WithRequireLeader(ctx), without its allocation
-// of the metadata when ctx carries none of its own: a waiter keeps its
-// context, and this one less, for as long as it waits.
-func requireLeader(ctx context.Context) context.Context {
-	if _, ok := metadata.FromOutgoingContext(ctx); ok {
-		return clientv3.WithRequireLeader(ctx)
-	}
-	return metadata.NewOutgoingContext(ctx, requireLeaderMD)
-}
-
 // errClientClosed is why a session ends when its client was closed.
 var errClientClosed = errors.New("etcd client closed")
 
@@ -217,7 +202,7 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 	s := &Session{
 		endCtx:    endCtx,
 		endCancel: endCancel,
-		watchCtx:  metadata.NewOutgoingContext(endCtx, requireLeaderMD),
+		watchCtx:  streams.RequireLeader(endCtx),
 		cli:       cli,
 		keeper:    streams.AcquireKeeper(cli),
 		id:        st.id,
@@ -851,38 +836,4 @@ func (s *Session) unrefName(name string, nl nameLock) {
 		return
 	}
 	s.names[name] = nl
-}
-
-// rpcErr maps etcd's "lease not found" to ErrSessionExpired.
-func (q *queue) rpcErr(err error) error {
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		q.s.lost()
-		return errorf("%w: %w", ErrSessionExpired, err)
-	}
-	return err
-}
-
-// passes returns retryable with ctx, for retry.
-func (q *queue) passes(ctx context.Context) func(error) bool {
-	return func(err error) bool { return q.retryable(ctx, err) }
-}
-
-// retryable reports whether a waiter may try again after err: a broken
-// watch, or an etcd error that passes (no leader, leader changed, a
-// timeout inside etcd, a member out of reach), while ctx and the session
-// last.
-func (q *queue) retryable(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil || q.s.Err() != nil {
-		return false
-	}
-	return transient(err)
-}
-
-// cause returns err, or the session's end when that is what stopped a call
-// made with ctx bound to the session.
-func (q *queue) cause(ctx context.Context, err error) error {
-	if serr := q.s.Err(); serr != nil && ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
-		return serr
-	}
-	return err
 }

@@ -14,10 +14,8 @@ import (
 // The watches of every session of a client, the loss watch of each hold
 // whose Done was called, each waiter's watch on its own key and on its
 // blockers (the keys ahead that keep it out), share one Watch stream of
-// the client (watchStream; see internal/streams for why). Through etcd's client
-// each watch would cost a goroutine of its own in the client, and more
-// than a kilobyte of its state; here a watch is an entry in a map, and a
-// waiter costs no goroutine but its own.
+// the client (streams.Watches; see there for why). A waiter costs no
+// goroutine but its own.
 //
 // A watch starts at a revision at which its key was known to be the
 // incarnation watched (a hold's admission, a waiter's creation), so a
@@ -45,36 +43,35 @@ import (
 // concurrent use.
 type sessionWatcher struct {
 	s    *Session
-	ws   *watchStream // nil: each watch is made through the client's Watcher (see watchAlone)
+	ws   *streams.Watches
 	busy sync.WaitGroup
 	// endDone is closed when the session's end has ended every watch and
-	// the goroutines that probe keys (see probe), and watchAlone's,
-	// have returned.
+	// the goroutines that probe keys (see probe) have returned.
 	endDone chan struct{}
 
-	// mu is ws.mu, or own without a stream. It guards the fields below,
-	// the state, id, from and probe of every keyWatch, and its waitWatch
-	// and blockerWatch (see there).
+	// mu is ws.Mu. It guards the fields below, the state, stream watch
+	// and probe of every keyWatch, and its waitWatch and blockerWatch
+	// (see there).
 	mu      *sync.Mutex
-	own     sync.Mutex
-	ended   bool                             // the session ended: every watch is over, none is made
-	watches map[*keyWatch]struct{}           // the watches not finished
-	alone   map[*keyWatch]context.CancelFunc // without a stream: ends the watch watchAlone made
+	ended   bool                   // the session ended: every watch is over, none is made
+	watches map[*keyWatch]struct{} // the watches not finished
 }
 
 // A keyWatch watches one key of the session for its deletion: a hold's key
 // (h is set: the deletion ends the hold as lost) or a waiting Lock's key
 // (ww is set: the waiter is told); or, when b is set, a waiter's blocker
-// (see blockerWatch).
+// (see blockerWatch). It is its stream watch's Handler.
 type keyWatch struct {
-	w     *sessionWatcher
-	q     *queue
-	h     *hold         // the hold it watches, or nil
-	ww    *waitWatch    // the waiter it tells, or nil
-	b     *blockerWatch // the blocker watch it is, or nil
-	rev   int64         // create revision of the key: the incarnation watched
-	from  int64         // the first revision at which a deletion is the key's end; 0: read the key first (a blocker's: watch from now)
-	id    int64         // the watch's ID on the open stream, in state watchActive
+	w  *sessionWatcher
+	q  *queue
+	h  *hold         // the hold it watches, or nil
+	ww *waitWatch    // the waiter it tells, or nil
+	b  *blockerWatch // the blocker watch it is, or nil
+	// sw is the watch on the stream. Its Rev is the first revision at
+	// which a deletion is the key's end; 0: read the key first (a
+	// blocker's: watch from now).
+	sw    streams.Watch
+	rev   int64 // create revision of the key: the incarnation watched
 	state watchState
 	probe *keyProbe   // the last goroutine that probed the key
 	pause *time.Timer // queues the watch again after etcd refused it, in state watchPaused
@@ -146,9 +143,7 @@ func (ww *waitWatch) signal() {
 type watchState uint8
 
 const (
-	watchQueued   watchState = iota // to be created on a stream
-	watchCreating                   // its create request was sent
-	watchActive                     // created on the open stream, as id
+	watchOn       watchState = iota // made, or being made, on the stream (sw)
 	watchProbing                    // a goroutine probes the key (see probe)
 	watchPaused                     // etcd refused it: made again after a pause (see refused)
 	watchFinished                   // stopped, its key gone, or the session ended
@@ -168,11 +163,8 @@ type keyProbe struct {
 // newSessionWatcher returns the watcher of s's keys, which ends them all
 // when s ends; it starts nothing.
 func newSessionWatcher(s *Session) *sessionWatcher {
-	w := &sessionWatcher{s: s, ws: acquireWatchStream(s.cli), endDone: make(chan struct{})}
-	w.mu = &w.own
-	if w.ws != nil {
-		w.mu = &w.ws.mu
-	}
+	w := &sessionWatcher{s: s, ws: streams.OpenWatches(s.watchCtx, s.cli), endDone: make(chan struct{})}
+	w.mu = w.ws.Mu
 	context.AfterFunc(s.endCtx, w.end)
 	return w
 }
@@ -186,7 +178,8 @@ func (w *sessionWatcher) watchHold(q *queue, h *hold, limits bool) *keyWatch {
 	if h.hdr.rev != 0 {
 		from = h.hdr.rev + 1
 	}
-	kw := &keyWatch{w: w, q: q, h: h, rev: h.rev, from: from, limits: limits}
+	kw := &keyWatch{w: w, q: q, h: h, rev: h.rev, limits: limits}
+	kw.sw.Rev = from
 	if !w.add(kw) {
 		return nil
 	}
@@ -198,7 +191,8 @@ func (w *sessionWatcher) watchHold(q *queue, h *hold, limits bool) *keyWatch {
 // key is deleted, or the session ends. puts is set for a reader.
 func (w *sessionWatcher) watchOwn(q *queue, rev int64, puts bool) (*keyWatch, *waitWatch) {
 	ww := &waitWatch{wake: make(chan struct{}, 1), puts: puts}
-	kw := &keyWatch{w: w, q: q, ww: ww, rev: rev, from: rev + 1}
+	kw := &keyWatch{w: w, q: q, ww: ww, rev: rev}
+	kw.sw.Rev = rev + 1
 	if !w.add(kw) {
 		w.mu.Lock()
 		kw.tell()
@@ -220,7 +214,8 @@ func (w *sessionWatcher) watchSet(q *queue, ww *waitWatch, rev int64) []*keyWatc
 		if p == q {
 			continue
 		}
-		kw := &keyWatch{w: w, q: p, ww: ww, rev: rev, from: rev + 1}
+		kw := &keyWatch{w: w, q: p, ww: ww, rev: rev}
+		kw.sw.Rev = rev + 1
 		if !w.add(kw) {
 			w.mu.Lock()
 			kw.tell()
@@ -238,6 +233,15 @@ func (w *sessionWatcher) watchSet(q *queue, ww *waitWatch, rev int64) []*keyWatc
 func (w *sessionWatcher) watchBlocker(q *queue, ww *waitWatch, key string, mode KeyMode) *blockerWatch {
 	b := &blockerWatch{key: key, mode: mode}
 	b.kw.w, b.kw.q, b.kw.ww, b.kw.b = w, q, ww, b
+	b.kw.sw.Key = key
+	switch {
+	case key == q.prefix():
+		b.kw.sw.End, b.kw.sw.PrevKV = clientv3.GetPrefixRangeEnd(key), true
+	case key == q.delayPfx():
+		b.kw.sw.End = clientv3.GetPrefixRangeEnd(key)
+	default:
+		b.kw.sw.Puts = ww.puts
+	}
 	if !w.add(&b.kw) {
 		w.mu.Lock()
 		b.kw.tell()
@@ -275,11 +279,12 @@ func (w *sessionWatcher) add(kw *keyWatch) bool {
 		// waiting on a link that is cut.
 		kw.h.limit.timer = time.AfterFunc(time.Until(kw.h.maxDeadline().Add(-kw.q.s.expiryMargin())), func() { w.expire(kw) })
 	}
-	if ws := w.ws; ws != nil {
-		ws.watching++
-		ws.r.Start()
+	if kw.b == nil {
+		kw.sw.Key = kw.q.key
 	}
-	if kw.from == 0 && kw.b == nil {
+	kw.sw.H = kw
+	w.ws.Want()
+	if kw.sw.Rev == 0 && kw.b == nil {
 		w.probe(kw, true)
 	} else {
 		w.enqueue(kw)
@@ -290,25 +295,8 @@ func (w *sessionWatcher) add(kw *keyWatch) bool {
 // enqueue has kw created on the open stream, or the next one. Called with
 // w.mu held.
 func (w *sessionWatcher) enqueue(kw *keyWatch) {
-	kw.state = watchQueued
-	if w.ws == nil {
-		w.watchAlone(kw)
-		return
-	}
-	w.ws.queue = append(w.ws.queue, kw)
-	w.ws.r.Signal()
-}
-
-// cancelActive has kw's watch cancelled on the open stream if it is
-// active there; kw's state is then the caller's to set. Called with w.mu
-// held.
-func (w *sessionWatcher) cancelActive(kw *keyWatch) {
-	if kw.state != watchActive {
-		return
-	}
-	delete(w.ws.ids, kw.id)
-	w.ws.cancels = append(w.ws.cancels, kw.id)
-	w.ws.r.Signal()
+	kw.state = watchOn
+	w.ws.Create(&kw.sw)
 }
 
 // stop ends kw: its owner no longer wants it (Unlock, a waiter that
@@ -340,11 +328,7 @@ func (w *sessionWatcher) drop(kw *keyWatch) bool {
 	if kw.state == watchFinished {
 		return false
 	}
-	w.cancelActive(kw)
-	if cancel := w.alone[kw]; cancel != nil {
-		cancel()
-		delete(w.alone, kw)
-	}
+	w.ws.Stop(&kw.sw)
 	if kw.limits && kw.h.limit != nil && kw.h.limit.timer != nil {
 		kw.h.limit.timer.Stop()
 	}
@@ -353,15 +337,7 @@ func (w *sessionWatcher) drop(kw *keyWatch) bool {
 	}
 	kw.state = watchFinished
 	delete(w.watches, kw)
-	if ws := w.ws; ws != nil {
-		ws.watching--
-		if ws.watching == 0 && ws.r.Sending() {
-			// The open stream's sender waits without an idle timer
-			// while there is a watch: wake it to start one, whatever
-			// state the last watch was dropped in.
-			ws.r.Signal()
-		}
-	}
+	w.ws.Unwant()
 	return true
 }
 
@@ -382,7 +358,7 @@ func (w *sessionWatcher) expire(kw *keyWatch) {
 }
 
 // gone is called, with w.mu held, when kw's key was deleted at or after
-// kw.from, or read and found to be another incarnation, or missing; or
+// kw.sw.Rev, or read and found to be another incarnation, or missing; or
 // when a blocker's watch ended without its event. A waiter is told at
 // once; a hold's loss is probed first (holdGone).
 func (w *sessionWatcher) gone(kw *keyWatch) {
@@ -397,10 +373,10 @@ func (w *sessionWatcher) gone(kw *keyWatch) {
 
 // probe starts a goroutine that probes kw's key, with w.mu held: it
 // reads the key first if read is set (the watch cannot resume from
-// kw.from), and, if the key is not the one watched any more, ends the
+// kw.sw.Rev), and, if the key is not the one watched any more, ends the
 // watch: a hold is lost, with the reason holdGone finds.
 func (w *sessionWatcher) probe(kw *keyWatch, read bool) {
-	w.cancelActive(kw)
+	w.ws.Stop(&kw.sw)
 	l := &keyProbe{done: make(chan struct{})}
 	l.waitCtx, l.stopWait = context.WithCancel(w.s.endCtx)
 	l.rpcCtx, l.stopRPC = context.WithCancel(w.s.endCtx)
@@ -420,7 +396,7 @@ func (w *sessionWatcher) probe(kw *keyWatch, read bool) {
 				w.mu.Unlock()
 				return
 			case ok:
-				kw.from = from
+				kw.sw.Rev = from
 				w.enqueue(kw)
 				w.mu.Unlock()
 				return
@@ -447,7 +423,7 @@ func (w *sessionWatcher) probe(kw *keyWatch, read bool) {
 func (w *sessionWatcher) read(l *keyProbe, kw *keyWatch) (from int64, ok bool) {
 	backoff := 50 * time.Millisecond
 	for {
-		gctx, cancel := context.WithTimeout(requireLeader(l.rpcCtx), cleanupTimeout)
+		gctx, cancel := context.WithTimeout(streams.RequireLeader(l.rpcCtx), cleanupTimeout)
 		resp, err := w.s.cli.Get(gctx, kw.q.key)
 		cancel()
 		switch {
@@ -472,26 +448,16 @@ func (w *sessionWatcher) read(l *keyProbe, kw *keyWatch) (from int64, ok bool) {
 	}
 }
 
-// deleted reports whether the events delete kw's key at or after kw.from.
+// deleted reports whether the events delete kw's key at or after kw.sw.Rev.
 // (A lagging member replaying an older deletion is excluded by the
 // watch's start revision already; the check costs nothing.)
 func deleted(kw *keyWatch, events []*mvccpb.Event) bool {
 	for _, ev := range events {
-		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision >= kw.from {
+		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision >= kw.sw.Rev {
 			return true
 		}
 	}
 	return false
-}
-
-// events returns the events of etcd's client as the API's: the same type
-// (an alias in newer clients, a defined type in v3.5).
-func events(evs []*clientv3.Event) []*mvccpb.Event {
-	out := make([]*mvccpb.Event, len(evs))
-	for i, ev := range evs {
-		out[i] = (*mvccpb.Event)(ev)
-	}
-	return out
 }
 
 // end ends every watch of the session, which has ended: each hold is lost
@@ -531,9 +497,7 @@ func (w *sessionWatcher) end() {
 		}
 	}
 	w.busy.Wait()
-	if w.ws != nil {
-		w.ws.release()
-	}
+	w.ws.Close()
 }
 
 // wait waits until end has returned. The session has ended.
@@ -551,7 +515,6 @@ func (w *sessionWatcher) wait() {
 // watches anew; the others are queued again once the pause is over.
 func (w *sessionWatcher) refused(kw *keyWatch) {
 	if kw.b != nil {
-		kw.state = watchQueued // not active: nothing to cancel
 		w.gone(kw)
 		return
 	}
@@ -576,94 +539,43 @@ func (b *blockerWatch) news(evs []*mvccpb.Event) {
 	ww.signal()
 }
 
-// watchAlone makes kw's watch through the client's Watcher, for a client
-// without a connection of its own: a goroutine and etcd's per-watch state
-// for each watch, as before the shared stream. Called with w.mu held.
-func (w *sessionWatcher) watchAlone(kw *keyWatch) {
-	ctx, cancel := context.WithCancel(w.s.watchCtx)
-	if w.alone == nil {
-		w.alone = make(map[*keyWatch]context.CancelFunc)
-	}
-	w.alone[kw] = cancel
-	from := kw.from
-	w.busy.Add(1)
+// Created is told, with w.mu held, that etcd made kw's watch at rev
+// (streams.Handler).
+func (kw *keyWatch) Created(rev int64) {
+	kw.refusals = 0
 	if kw.b != nil {
-		go w.blockerAlone(ctx, cancel, kw)
-		return
+		kw.b.created = rev
+		kw.ww.signal()
 	}
-	go func() {
-		defer w.busy.Done()
-		defer cancel()
-		ch := w.s.cli.Watch(ctx, kw.q.key, clientv3.WithRev(from), clientv3.WithFilterPut())
-		for wr := range ch {
-			w.mu.Lock()
-			switch {
-			case kw.state != watchQueued || w.alone[kw] == nil:
-			case wr.CompactRevision != 0:
-				delete(w.alone, kw)
-				w.probe(kw, true)
-			case deleted(kw, events(wr.Events)):
-				delete(w.alone, kw)
-				w.gone(kw)
-			default:
-				w.mu.Unlock()
-				continue
-			}
-			w.mu.Unlock()
-			return
-		}
-		// The watch broke (or was stopped): make it again after a pause.
-		t := time.NewTimer(streams.MinBackoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		w.mu.Lock()
-		if kw.state == watchQueued {
-			w.watchAlone(kw)
-		}
-		w.mu.Unlock()
-	}()
 }
 
-// blockerAlone is watchAlone's goroutine for a blocker's watch: it hands
-// the watch's creation and events to the waiter, and tells it when the
-// watch ends without being stopped.
-func (w *sessionWatcher) blockerAlone(ctx context.Context, cancel context.CancelFunc, kw *keyWatch) {
-	defer w.busy.Done()
-	defer cancel()
-	b := kw.b
-	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+// Events is told, with w.mu held, the events of kw's watch: a blocker's
+// go to its waiter; a deletion of the key watched ends the key
+// (streams.Handler).
+func (kw *keyWatch) Events(evs []*mvccpb.Event) {
 	switch {
-	case b.key == kw.q.prefix():
-		opts = append(opts, clientv3.WithFilterPut(), clientv3.WithPrefix(), clientv3.WithPrevKV())
-	case b.key == kw.q.delayPfx():
-		opts = append(opts, clientv3.WithFilterPut(), clientv3.WithPrefix())
-	case !kw.ww.puts:
-		opts = append(opts, clientv3.WithFilterPut())
+	case kw.b != nil:
+		kw.b.news(evs)
+	case deleted(kw, evs):
+		kw.w.gone(kw)
 	}
-	for wr := range w.s.cli.Watch(ctx, b.key, opts...) {
-		w.mu.Lock()
-		ok := kw.state == watchQueued && w.alone[kw] != nil && wr.Err() == nil && wr.CompactRevision == 0
-		if ok && wr.Created {
-			b.created = wr.Header.Revision
-			kw.ww.signal()
-		}
-		if ok && len(wr.Events) > 0 {
-			b.news(events(wr.Events))
-		}
-		w.mu.Unlock()
-		if !ok {
-			break
-		}
-	}
-	w.mu.Lock()
-	if kw.state == watchQueued && w.alone[kw] != nil {
-		// Ended without being stopped: the waiter reads again.
-		delete(w.alone, kw)
+}
+
+// Ended is told, with w.mu held, that kw's watch ended without its event
+// (streams.Handler). A blocker's waiter is told, since events may have
+// been missed: it reads the queue again. The others are made again from
+// the same revision; one whose revision is compacted reads the key
+// first, and one etcd refused waits a pause first.
+func (kw *keyWatch) Ended(why streams.End) {
+	w := kw.w
+	switch {
+	case kw.b != nil:
 		w.gone(kw)
+	case why == streams.Compacted:
+		w.probe(kw, true)
+	case why == streams.Refused:
+		w.refused(kw)
+	default:
+		w.enqueue(kw)
 	}
-	w.mu.Unlock()
 }

@@ -1,8 +1,10 @@
 // Package streams runs the gRPC streams a client's sessions share: one
-// LeaseKeepAlive stream for their renewals (Keeper) and, through Runner,
-// one Watch stream for their watches. It knows streams, leases and
-// requests, and nothing of locks: the lock package adapts to it, as
-// etcd's concurrency package uses the client's own streams.
+// LeaseKeepAlive stream for their renewals (Keeper) and one Watch stream
+// for their watches (Watches), both on a Runner; and the gRPC details the
+// lock package needs (RequireLeader, TransientCode). It knows streams,
+// leases, keys and revisions, and nothing of locks: the lock package
+// adapts to it, as etcd's concurrency package uses the client's own
+// streams.
 package streams
 
 import (
@@ -15,7 +17,7 @@ import (
 
 // The sessions of one client share two gRPC streams to etcd: one
 // LeaseKeepAlive stream for their renewals (Keeper) and one Watch stream
-// for their key watches (watchStream). On etcd a stream costs goroutines
+// for their key watches (Watches). On etcd a stream costs goroutines
 // and memory for as long as it is open, and under auth opening one costs
 // an Authenticate call too; a stream per session would make etcd pay for
 // every session. Both run on a Runner, which knows streams and
