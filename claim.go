@@ -43,11 +43,20 @@ type claim interface {
 	// check is validate's stage: it refuses a name (a set's names) the
 	// claim cannot take, and the options a set takes none of.
 	check(q *queue) error
-	// acquire puts the keys in line and waits for the hold (Lock);
-	// recorded says the write that admitted it wrote its delay record.
-	acquire(ctx context.Context, q *queue, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, recorded bool, err error)
+	// acquire puts the keys in line and waits for the hold (Lock).
+	acquire(ctx context.Context, q *queue, mode KeyMode, val string) (admission, error)
 	// try takes the hold only if it can be had at once (TryLock).
-	try(ctx context.Context, q *queue, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, recorded bool, err error)
+	try(ctx context.Context, q *queue, mode KeyMode, val string) (admission, error)
+}
+
+// An admission is what a claim's acquire or try took: the hold's key's
+// create revision (its token), the header of the answer that showed it
+// admitted, and whether the write that took it also wrote its delay
+// record (then its guard writes none).
+type admission struct {
+	rev      int64
+	hdr      *pb.ResponseHeader
+	recorded bool
 }
 
 // claim returns q's claim: its set, or a single key.

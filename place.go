@@ -13,30 +13,29 @@ import (
 // while its outcome is unknown (writeCtx): a key left behind would block
 // the queue for as long as the session lives.
 
-func (oneKey) acquire(ctx context.Context, q *queue, mode KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
+func (oneKey) acquire(ctx context.Context, q *queue, mode KeyMode, val string) (admission, error) {
 	return q.acquire(ctx, mode, val)
 }
 
 // A set's claim takes every key in one Txn (acquireSet), and writes no
 // delay record (a set takes no delay: validate).
-func (set *multiSet) acquire(ctx context.Context, q *queue, _ KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
-	rev, hdr, err := q.acquireSet(ctx, val)
-	return rev, hdr, false, err
+func (set *multiSet) acquire(ctx context.Context, q *queue, _ KeyMode, val string) (admission, error) {
+	return q.acquireSet(ctx, val)
 }
 
-// acquire joins the queue in mode and waits for its turn. It returns the
-// create revision of the key and the header of the response that showed
-// the hold was admitted. On failure it leaves no key (fail).
-func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int64, hdr *pb.ResponseHeader, recorded bool, err error) {
-	rev, page, delays, recorded, hdr, err := q.placeKey(ctx, mode, val)
+// acquire joins the queue in mode and waits for its turn. On failure it
+// leaves no key (fail).
+func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (admission, error) {
+	p, err := q.placeKey(ctx, mode, val)
 	if err != nil {
-		return 0, nil, false, err
+		return admission{}, err
 	}
+	rev := p.rev
 	if err := ctx.Err(); err != nil {
-		return 0, nil, false, q.fail(ctx, rev, err)
+		return admission{}, q.fail(ctx, rev, err)
 	}
 	w := waiter{q: q, me: entry{key: q.key, rev: rev, mode: mode}}
-	w.read, err = q.scan(ctx, w.me, page, delays, hdr)
+	w.read, err = q.scan(ctx, w.me, p.page, p.delays, p.hdr)
 	if q.retryable(ctx, err) {
 		// A later page met a leader election, or a compaction of the
 		// revision it was to be read at: read the queue anew, as a
@@ -45,27 +44,36 @@ func (q *queue) acquire(ctx context.Context, mode KeyMode, val string) (rev int6
 		w.read, err = w.reread(ctx, &backoff)
 	}
 	if err != nil {
-		return 0, nil, false, q.fail(ctx, rev, err)
+		return admission{}, q.fail(ctx, rev, err)
 	}
-	hdr = w.read.hdr
+	hdr := w.read.hdr
 	if len(w.read.blockers) > 0 {
 		if hdr, err = w.wait(ctx); err != nil {
-			return 0, nil, false, q.fail(ctx, rev, err)
+			return admission{}, q.fail(ctx, rev, err)
 		}
 	}
 	// "Acquired after we were cancelled: pretend we didn't" (x/sync).
 	if err := ctx.Err(); err != nil {
-		return 0, nil, false, q.fail(ctx, rev, err)
+		return admission{}, q.fail(ctx, rev, err)
 	}
-	return rev, hdr, recorded || w.recorded, nil
+	return admission{rev: rev, hdr: hdr, recorded: p.recorded || w.recorded}, nil
 }
 
-// placeKey puts this session's key in mode, and returns its create
-// revision, the first page of the queue and the lock's delay records,
-// read in the same Txn, whose response has header hdr, and whether that
-// Txn also wrote the hold's delay record (recorded: see place). On
-// failure it leaves no key (fail).
-func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int64, page, delays *pb.RangeResponse, recorded bool, hdr *pb.ResponseHeader, err error) {
+// A placement is what the Txn that placed a key showed: the key's create
+// revision, the first page of the queue and the lock's delay records read
+// after the put, the header of its answer, and whether it also wrote the
+// hold's delay record (see place).
+type placement struct {
+	rev      int64
+	page     *pb.RangeResponse
+	delays   *pb.RangeResponse // nil for a lock without a delay
+	hdr      *pb.ResponseHeader
+	recorded bool
+}
+
+// placeKey puts this session's key in mode. On failure it leaves no key
+// (fail).
+func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (placement, error) {
 	// One round trip puts the key and reads the newest keys under the
 	// prefix. Read after the put in the same Txn, they show who is ahead:
 	// uncontended Lock is this one RPC. If this session already has a key
@@ -86,11 +94,12 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 	// the key is placed anew, behind whoever queued since.
 	var resp *clientv3.TxnResponse
 	for attempt := 0; ; attempt++ {
+		var err error
 		resp, err = q.join(ctx, mode, val)
 		if err != nil {
 			// The Txn may have been applied even though its answer was
 			// lost: remove the key by name.
-			return 0, nil, nil, false, nil, q.fail(ctx, 0, err)
+			return placement{}, q.fail(ctx, 0, err)
 		}
 		if resp.Succeeded {
 			q.s.disinherit(q.key)
@@ -105,18 +114,28 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (rev int
 			// Someone re-created our key in another mode between the two
 			// round trips: only this process uses it, so that cannot
 			// happen short of a misuse of the lease.
-			return 0, nil, nil, false, nil, q.fail(ctx, 0, errorf("key %s keeps its other mode", q.key))
+			return placement{}, q.fail(ctx, 0, errorf("key %s keeps its other mode", q.key))
 		}
 		if err := q.removeFound(ctx, in, inherited); err != nil {
-			return 0, nil, nil, false, nil, err
+			return placement{}, err
 		}
 	}
 	if rs := resp.Responses; resp.Succeeded {
-		recorded = len(rs) > placedRecord && rs[placedRecord].GetResponseTxn().Succeeded
-		return resp.Header.Revision, rs[placedQueue].GetResponseRange(), rangeAt(rs, placedDelays), recorded, resp.Header, nil
+		return placement{
+			rev:      resp.Header.Revision,
+			page:     rs[placedQueue].GetResponseRange(),
+			delays:   rangeAt(rs, placedDelays),
+			hdr:      resp.Header,
+			recorded: len(rs) > placedRecord && rs[placedRecord].GetResponseTxn().Succeeded,
+		}, nil
 	}
 	rs := resp.Responses[kept].GetResponseTxn().Responses
-	return rs[keptKey].GetResponseRange().Kvs[0].CreateRevision, rs[keptQueue].GetResponseRange(), rangeAt(rs, keptDelays), false, resp.Header, nil
+	return placement{
+		rev:    rs[keptKey].GetResponseRange().Kvs[0].CreateRevision,
+		page:   rs[keptQueue].GetResponseRange(),
+		delays: rangeAt(rs, keptDelays),
+		hdr:    resp.Header,
+	}, nil
 }
 
 // The slots of place's Txn, as placeKey reads them. Its Then puts the key
@@ -386,10 +405,10 @@ func (q *queue) removeInherited(ctx context.Context, rev int64) error {
 // one after the other holds them all once the last is in. Every read
 // after the Txn checks all our keys, so the last one's header shows the
 // whole set held. On failure it leaves no key.
-func (q *queue) acquireSet(ctx context.Context, val string) (int64, *pb.ResponseHeader, error) {
+func (q *queue) acquireSet(ctx context.Context, val string) (admission, error) {
 	rev, pages, hdr, err := q.placeSet(ctx, val)
 	if err != nil {
-		return 0, nil, err
+		return admission{}, err
 	}
 	// Read every queue before waiting in any: most need no more pages.
 	ws := make([]waiter, len(q.set.parts))
@@ -402,7 +421,7 @@ func (q *queue) acquireSet(ctx context.Context, val string) (int64, *pb.Response
 			w.read, err = w.reread(ctx, &backoff)
 		}
 		if err != nil {
-			return 0, nil, q.fail(ctx, rev, err)
+			return admission{}, q.fail(ctx, rev, err)
 		}
 	}
 	for i := range ws {
@@ -410,7 +429,7 @@ func (q *queue) acquireSet(ctx context.Context, val string) (int64, *pb.Response
 		h := w.read.hdr
 		if len(w.read.blockers) > 0 {
 			if h, err = w.wait(ctx); err != nil {
-				return 0, nil, q.fail(ctx, rev, err)
+				return admission{}, q.fail(ctx, rev, err)
 			}
 		}
 		if h.Revision > hdr.Revision {
@@ -418,9 +437,9 @@ func (q *queue) acquireSet(ctx context.Context, val string) (int64, *pb.Response
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, nil, q.fail(ctx, rev, err)
+		return admission{}, q.fail(ctx, rev, err)
 	}
-	return rev, hdr, nil
+	return admission{rev: rev, hdr: hdr}, nil
 }
 
 // placeSet puts every key of the set, and returns their create revision

@@ -171,13 +171,11 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 	if err := q.acquireNames(bctx, wait); err != nil {
 		return nil, q.cause(ctx, err)
 	}
-	var rev int64
-	var hdr *pb.ResponseHeader
-	var recorded bool // the write that took the hold wrote its delay record
+	var in admission
 	if c := q.claim(); wait {
-		rev, hdr, recorded, err = c.acquire(bctx, q, mode, val)
+		in, err = c.acquire(bctx, q, mode, val)
 	} else {
-		rev, hdr, recorded, err = c.try(bctx, q, mode, val)
+		in, err = c.try(bctx, q, mode, val)
 	}
 	if err != nil {
 		if !isHandedOff(err) {
@@ -188,10 +186,10 @@ func (q *queue) take(ctx context.Context, mode KeyMode, val string, wait bool) (
 		return nil, q.cause(ctx, err)
 	}
 	// since: the answer that admitted it has come, no sooner.
-	h := &hold{rev: rev, mode: mode, hdr: headerOf(hdr), since: monotime()}
+	h := &hold{rev: in.rev, mode: mode, hdr: headerOf(in.hdr), since: monotime()}
 	for _, g := range q.opts.guards {
-		if err := g.admitted(bctx, q, h, recorded); err != nil {
-			err = q.fail(bctx, rev, err)
+		if err := g.admitted(bctx, q, h, in.recorded); err != nil {
+			err = q.fail(bctx, in.rev, err)
 			q.releaseNames()
 			return nil, q.cause(ctx, err)
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -14,13 +13,12 @@ import (
 // put guarded so that it takes the hold only as that read found it; for a
 // MultiMutex, the same over every name of the set at once.
 
-func (oneKey) try(ctx context.Context, q *queue, mode KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
+func (oneKey) try(ctx context.Context, q *queue, mode KeyMode, val string) (admission, error) {
 	return q.tryAcquire(ctx, mode, val)
 }
 
-func (set *multiSet) try(ctx context.Context, q *queue, _ KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
-	rev, hdr, err := q.tryAcquireSet(ctx, val)
-	return rev, hdr, false, err
+func (set *multiSet) try(ctx context.Context, q *queue, _ KeyMode, val string) (admission, error) {
+	return q.tryAcquireSet(ctx, val)
 }
 
 // tryAcquire takes a hold in mode only if it is admitted at once, and
@@ -28,21 +26,21 @@ func (set *multiSet) try(ctx context.Context, q *queue, _ KeyMode, val string) (
 // every key of the queue (a rule that admits me behind everyone admits me
 // at my place), or, for this session's own leftover key in the same mode,
 // at that key's place.
-func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64, *pb.ResponseHeader, bool, error) {
+func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (admission, error) {
 	// A read-only Txn answers "held" without a Raft write or a new
 	// revision. etcd sends any Txn with a Put through Raft even when its
 	// compare fails, so only an all-read request is served as a read.
 	first := append([]clientv3.Op{tryQueue: q.opQueue(mode, 0), tryOwn: clientv3.OpGet(q.key)}, q.delayOps()...)
 	resp, err := q.tryReadTxn(ctx, first)
 	if err != nil {
-		return 0, nil, false, err
+		return admission{}, err
 	}
 	backoff := minBackoff
 	for changed := 0; changed < 5; {
 		me, read, err := q.tryRead(ctx, mode, val, resp)
 		if again, rerr := q.tryAgain(ctx, err, &backoff, &changed, first, &resp); again || rerr != nil {
 			if rerr != nil {
-				return 0, nil, false, rerr
+				return admission{}, rerr
 			}
 			continue
 		}
@@ -53,14 +51,14 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			// A Try starts a pending lock delay, or no Try would ever
 			// end it. If it fails, a later Try or Lock starts it.
 			_ = q.startDelays(ctx, read.delays)
-			return 0, nil, false, ErrLocked
+			return admission{}, ErrLocked
 		}
 		if inherited || (read.own != nil && me.rev == 0) {
 			// Our leftover in another mode would be admitted behind
 			// everyone: remove it and place a new key (Invariant K: it is
 			// never Put in another mode).
 			if resp, err = q.dropOwn(ctx, read.own.CreateRevision, inherited, first); err != nil {
-				return 0, nil, false, err
+				return admission{}, err
 			}
 			changed++
 			continue
@@ -70,16 +68,17 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (int64
 			own = read.own.CreateRevision
 		}
 		tresp, err := q.tryPut(ctx, val, read, first)
-		rev, hdr, again, err := q.tryTaken(ctx, tresp, err, own)
+		in, again, err := q.tryTaken(ctx, tresp, err, own)
 		if again == nil {
-			return rev, hdr, err == nil && q.opts.records(), err
+			in.recorded = err == nil && q.opts.records()
+			return in, err
 		}
 		resp = again
 		changed++
 	}
 	// Keys kept changing under the prefix (nested locks' traffic): rather
 	// than spin, report the lock as busy.
-	return 0, nil, false, ErrLocked
+	return admission{}, ErrLocked
 }
 
 // tryAgain handles err, the error of judging a Try's read: when a later
@@ -233,7 +232,7 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 // and one write guarded by every name's prefix, and writes nothing
 // otherwise. Keys of this session left under the names (by a cleanup that
 // could not reach etcd) are removed first.
-func (q *queue) tryAcquireSet(ctx context.Context, val string) (int64, *pb.ResponseHeader, error) {
+func (q *queue) tryAcquireSet(ctx context.Context, val string) (admission, error) {
 	n := len(q.set.parts)
 	first := make([]clientv3.Op, 2*n)
 	for i, p := range q.set.parts {
@@ -242,39 +241,39 @@ func (q *queue) tryAcquireSet(ctx context.Context, val string) (int64, *pb.Respo
 	}
 	resp, err := q.tryReadTxn(ctx, first)
 	if err != nil {
-		return 0, nil, err
+		return admission{}, err
 	}
 	backoff := minBackoff
 	for changed := 0; changed < 5; {
 		blocked, left, rev, err := q.tryReadSet(ctx, resp)
 		if again, rerr := q.tryAgain(ctx, err, &backoff, &changed, first, &resp); again || rerr != nil {
 			if rerr != nil {
-				return 0, nil, rerr
+				return admission{}, rerr
 			}
 			continue
 		}
 		if blocked {
-			return 0, nil, ErrLocked
+			return admission{}, ErrLocked
 		}
 		if left != nil {
 			if err := q.removeLeft(ctx, left); err != nil {
-				return 0, nil, err
+				return admission{}, err
 			}
 			if resp, err = q.tryReadTxn(ctx, first); err != nil {
-				return 0, nil, err
+				return admission{}, err
 			}
 			changed++
 			continue
 		}
 		tresp, err := q.tryPutSet(ctx, val, rev, first)
-		rev, hdr, again, err := q.tryTaken(ctx, tresp, err, 0)
+		in, again, err := q.tryTaken(ctx, tresp, err, 0)
 		if again == nil {
-			return rev, hdr, err
+			return in, err
 		}
 		resp = again
 		changed++
 	}
-	return 0, nil, ErrLocked
+	return admission{}, ErrLocked
 }
 
 // tryPutSet sends a set's Try's puts, free at revision rev in every
@@ -307,17 +306,17 @@ func (q *queue) tryPutSet(ctx context.Context, val string, rev int64, first []cl
 // again, the answer to judge anew, when the queue changed meanwhile. A
 // put handed off is left to the session; any other error, or ctx ended
 // once the hold was taken, fails the Try and removes what it put.
-func (q *queue) tryTaken(ctx context.Context, tresp *clientv3.TxnResponse, err error, own int64) (rev int64, hdr *pb.ResponseHeader, again *clientv3.TxnResponse, _ error) {
+func (q *queue) tryTaken(ctx context.Context, tresp *clientv3.TxnResponse, err error, own int64) (_ admission, again *clientv3.TxnResponse, _ error) {
 	var off *handedOff
 	switch {
 	case errors.As(err, &off):
-		return 0, nil, nil, err // the session removes what it may have put
+		return admission{}, nil, err // the session removes what it may have put
 	case err != nil:
-		return 0, nil, nil, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
+		return admission{}, nil, q.fail(ctx, 0, q.unknownWrite(ctx, q.rpcErr(err)))
 	case !tresp.Succeeded:
-		return 0, nil, tresp, nil
+		return admission{}, tresp, nil
 	}
-	rev = own
+	rev := own
 	if rev == 0 {
 		rev = tresp.Header.Revision
 		if q.set == nil {
@@ -325,9 +324,9 @@ func (q *queue) tryTaken(ctx context.Context, tresp *clientv3.TxnResponse, err e
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, nil, nil, q.fail(ctx, rev, err)
+		return admission{}, nil, q.fail(ctx, rev, err)
 	}
-	return rev, tresp.Header, nil, nil
+	return admission{rev: rev, hdr: tresp.Header}, nil, nil
 }
 
 // tryReadSet judges a set's Try from resp, the answer to its read-only
