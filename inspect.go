@@ -501,7 +501,7 @@ func markHolders(keys []QueueKey) int {
 	for i, k := range keys {
 		modes[i] = k.Mode
 	}
-	n := Holders(modes)
+	n := holdersOf(modes)
 	for i := range keys[:n] {
 		keys[i].Holds = true
 	}
@@ -553,7 +553,8 @@ func readLeaseTTLs(ctx context.Context, cli *clientv3.Client, keys []QueueKey) {
 }
 
 // A LockSummary is one lock of those ListLocks finds: who holds it and how
-// many wait.
+// many wait. (Named, rather than a field's anonymous struct, so that a
+// caller can pass one on.)
 type LockSummary struct {
 	Name string
 	// Holders are oldest first: at least one, but none while a lock

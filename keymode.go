@@ -96,6 +96,10 @@ func identityOf(value []byte) string {
 // own record), and only in exactly the form etcdlock writes: anything else
 // (the empty value of a Mutex, a JSON record, a newer format) is
 // exclusive, the mode that can never admit more than it should.
+//
+// InspectLock gives each key's mode already (QueueKey.Mode). This is for
+// a tool that watches a lock's keys itself, whose events carry only the
+// values.
 func ParseKeyMode(value []byte) KeyMode {
 	line, _, _ := bytes.Cut(value, []byte("\n"))
 	s, ok := strings.CutPrefix(string(line), modeHeader)
@@ -205,11 +209,11 @@ func admitWeighted(me entry, ahead []entry) []entry {
 	return nil
 }
 
-// Holders reports how many keys of a lock's queue, given by their modes
+// holdersOf reports how many keys of a lock's queue, given by their modes
 // oldest create revision first, hold the lock: the longest prefix that
-// Lock, RLock and Acquire admit. The rest wait, in that order. For tools
-// such as `etcdlock status`.
-func Holders(queue []KeyMode) int {
+// Lock, RLock and Acquire admit. The rest wait, in that order.
+// (LockQueue.Holders gives a tool the keys it counts.)
+func holdersOf(queue []KeyMode) int {
 	ahead := make([]entry, 0, len(queue)) // newest first
 	for i, m := range queue {
 		if len(m.rule()(entry{mode: m}, ahead)) > 0 {

@@ -203,7 +203,7 @@ func TestHolders(t *testing.T) {
 		for i := range modes {
 			modes[i] = randomMode(rng, "WRPP", 1+rng.Int63n(6), rng.Intn(2) == 0, rng.Intn(2) == 0)
 		}
-		n := Holders(modes)
+		n := holdersOf(modes)
 		q := make([]entry, len(modes))
 		for i, m := range modes {
 			q[i] = entry{key: fmt.Sprint(i), rev: int64(i + 1), mode: m}
@@ -306,7 +306,7 @@ func TestWindowModel(t *testing.T) {
 				alive[e.e.key] = true
 				modes = append(modes, e.e.mode)
 			}
-			n := Holders(modes)
+			n := holdersOf(modes)
 			for i, e := range q {
 				if e.holding != (i < n) {
 					t.Fatalf("trial %d step %d: %s holding = %v, but Holders = %d (queue %v)", trial, step, e.e.key, e.holding, n, modes)

@@ -243,7 +243,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 
 // readStatus reads the queue of name and the holders' leases
 // (etcdlock.InspectLock). The holders are the longest prefix of the queue
-// that the keys' grant rules admit (etcdlock.Holders).
+// that the keys' grant rules admit (LockQueue.Holders).
 func readStatus(ctx context.Context, cli *clientv3.Client, name string) (*statusJSON, error) {
 	q, err := etcdlock.InspectLock(ctx, cli, name, etcdlock.HolderLeasesOnly())
 	if err != nil {
