@@ -263,7 +263,7 @@ func (q *queue) quotedPrefixes() []string {
 func (q *queue) releaseTxn(ctx context.Context, rev int64, clean bool) (*clientv3.TxnResponse, error) {
 	if q.set == nil {
 		del := []clientv3.Op{clientv3.OpDelete(q.key)}
-		if clean && q.opts.records() {
+		if clean && q.opts.records {
 			del = append(del, clientv3.OpDelete(delayKey(q.key)))
 		}
 		return q.s.batch.txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)}, del, nil)

@@ -83,13 +83,6 @@ func WithLockDelay(d time.Duration) MutexOption {
 	}
 }
 
-// delayPfx returns the prefix of q's delay records.
-func (q *queue) delayPfx() string { return LockDelayPrefix + q.prefix() }
-
-// records reports whether a lock's holds write a record and its waiters
-// honour others': with a lock delay or a minimum hold (minhold.go).
-func (o *mutexOptions) records() bool { return o.delay > 0 || o.minHold > 0 }
-
 // recordValue is the value of q's record of the hold with token (see
 // delayValue): the longer of its delay and its minimum hold, and the
 // minimum hold itself if it has one.
@@ -142,25 +135,6 @@ func parseDelay(kv *mvccpb.KeyValue) record {
 		token = kv.CreateRevision
 	}
 	return record{token: token, secs: min(secs, ttlSeconds(MaxLockDelay)), minHold: min(time.Duration(ms)*time.Millisecond, MaxLockDelay)}
-}
-
-// delayOps reads q's delay records, if q has a delay: only locks with
-// WithLockDelay read them (and need permission to), so that no other
-// Lock pays for them.
-func (q *queue) delayOps(extra ...clientv3.OpOption) []clientv3.Op {
-	if !q.opts.records() {
-		return nil
-	}
-	return []clientv3.Op{clientv3.OpGet(q.delayPfx(), append([]clientv3.OpOption{clientv3.WithPrefix()}, extra...)...)}
-}
-
-// rangeAt returns the range of rs[i], nil when rs has no i-th response
-// (a lock without a delay reads no records).
-func rangeAt(rs []*pb.ResponseOp, i int) *pb.RangeResponse {
-	if i >= len(rs) {
-		return nil
-	}
-	return rs[i].GetResponseRange()
 }
 
 // A pendingDelay is a delay record whose hold ended without Unlock.

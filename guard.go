@@ -27,7 +27,7 @@ type guard interface {
 // without those options, whose Lock then pays for no guard.
 func guardsOf(o *mutexOptions) []guard {
 	var gs []guard
-	if o.records() {
+	if o.records {
 		gs = append(gs, recordGuard{})
 	}
 	if o.maxHold > 0 {

@@ -311,13 +311,6 @@ func newReporter(h Hooks, l *slog.Logger) *reporter {
 	return &reporter{Hooks: h, log: l}
 }
 
-// monoEpoch is the start of monotime's clock.
-var monoEpoch = time.Now()
-
-// monotime returns the time on the monotonic clock, in 8 bytes: a hold
-// keeps it smaller than a time.Time.
-func monotime() time.Duration { return time.Since(monoEpoch) }
-
 func (e *reporter) acquireStart(i AcquireStartInfo) {
 	if e.AcquireStart != nil {
 		e.AcquireStart(i)

@@ -109,3 +109,6 @@ func (q *queue) lockName() string { return q.key[:q.plen-1] }
 
 // prefix returns the prefix of the keys of q's lock: its name and "/".
 func (q *queue) prefix() string { return q.key[:q.plen] }
+
+// delayPfx returns the prefix of q's delay records (delay.go).
+func (q *queue) delayPfx() string { return LockDelayPrefix + q.prefix() }

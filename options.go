@@ -150,7 +150,10 @@ type mutexOptions struct {
 	delay           time.Duration // WithLockDelay's; 0 for none
 	minHold         time.Duration // WithMinHold's; 0 for none
 	err             error         // the first invalid option, reported by Lock and TryLock
-	guards          []guard       // what the options above ask of each Lock (guardsOf)
+	// records: the lock's holds write a record and its waiters honour
+	// others' (delay.go): set with a lock delay or a minimum hold.
+	records bool
+	guards  []guard // what the options above ask of each Lock (guardsOf)
 }
 
 // A MutexOption configures NewMutex. An invalid value makes Lock and
@@ -180,6 +183,7 @@ func newMutexOptions(kind Kind, opts []MutexOption) *mutexOptions {
 			o.err = err
 		}
 	}
+	o.records = o.delay > 0 || o.minHold > 0
 	o.guards = guardsOf(o)
 	return o
 }

@@ -212,7 +212,7 @@ func (q *queue) place(ctx context.Context, mode KeyMode, val string) (*clientv3.
 	}
 	put := clientv3.OpPut(q.key, val, clientv3.WithLease(q.s.Lease()))
 	then := []clientv3.Op{placedPut: put, placedQueue: q.opQueue(mode, 0)}
-	if q.opts.records() {
+	if q.opts.records {
 		// A hold with a delay writes its record once admitted. When
 		// nothing is under the prefix nor in the delay records before
 		// this Txn, it is admitted by it: the record goes in the same
@@ -335,7 +335,7 @@ func (q *queue) fail(ctx context.Context, rev int64, err error) error {
 func (q *queue) remove(ctx context.Context, rev int64) error {
 	cctx, cancel := q.writeCtx(ctx)
 	defer cancel()
-	if q.opts.records() && rev == 0 { // (a set takes no delay: validate)
+	if q.opts.records && rev == 0 { // (a set takes no delay: validate)
 		// The write whose outcome is unknown may have put the hold's
 		// delay record with its key (place, tryPut): its token is the
 		// key's create revision, which a read tells.
@@ -345,7 +345,7 @@ func (q *queue) remove(ctx context.Context, rev int64) error {
 		}
 	}
 	cmps, dels := q.removeOps(rev)
-	if q.opts.records() && rev != 0 {
+	if q.opts.records && rev != 0 {
 		// Lock wrote the delay record, or may have, and returns no
 		// hold: nothing was done under it that a delay would protect.
 		// The record goes whether the key is still ours or not.

@@ -99,12 +99,14 @@ func (q *queue) scan(ctx context.Context, me entry, r, delays *pb.RangeResponse,
 			// Unlock and its lock delay has not passed (delay.go). Every
 			// key ahead was read, so a delay record's key is gone if it
 			// is not among them.
-			read.delays = q.pendingDelays(me, delays, func(key string, rev int64) bool {
-				if key == q.key {
-					return rev != 0 && (rev == me.rev || rev == own)
-				}
-				return slices.ContainsFunc(ahead, func(e entry) bool { return e.key == key && e.rev == rev })
-			})
+			if delays != nil { // read for a lock with a delay only
+				read.delays = q.pendingDelays(me, delays, func(key string, rev int64) bool {
+					if key == q.key {
+						return rev != 0 && (rev == me.rev || rev == own)
+					}
+					return slices.ContainsFunc(ahead, func(e entry) bool { return e.key == key && e.rev == rev })
+				})
+			}
 			read.blockers = nil
 			if len(read.delays) > 0 {
 				read.blockers = delayBlockers(read.delays)
@@ -135,6 +137,25 @@ func (q *queue) opQueue(mode KeyMode, maxRev int64, extra ...clientv3.OpOption) 
 		return clientv3.OpGet(q.prefix(), firstPageModes...)
 	}
 	return clientv3.OpGet(q.prefix(), append(queueOpts(mode, clientv3.SortDescend, maxRev, 0, false), extra...)...)
+}
+
+// delayOps reads q's delay records (delay.go) with the queue, if q has a
+// delay: only locks with WithLockDelay read them (and need permission
+// to), so that no other Lock pays for them.
+func (q *queue) delayOps(extra ...clientv3.OpOption) []clientv3.Op {
+	if !q.opts.records {
+		return nil
+	}
+	return []clientv3.Op{clientv3.OpGet(q.delayPfx(), append([]clientv3.OpOption{clientv3.WithPrefix()}, extra...)...)}
+}
+
+// rangeAt returns the range of rs[i], nil when rs has no i-th response
+// (a lock without a delay reads no records).
+func rangeAt(rs []*pb.ResponseOp, i int) *pb.RangeResponse {
+	if i >= len(rs) {
+		return nil
+	}
+	return rs[i].GetResponseRange()
 }
 
 // The options of the first page of a queue read without bounds, in an

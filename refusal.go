@@ -61,7 +61,7 @@ func (q *queue) refusedErr(ctx context.Context, err error) error {
 		keys, all = append(keys, p.key), append(all, p.prefix())
 	}
 	grants := "etcdlock grants"
-	if q.opts.records() {
+	if q.opts.records {
 		keys, all = append(keys, delayKey(q.key)), append(all, q.delayPfx())
 		if q.opts.delay > 0 {
 			grants += " --lock-delay"

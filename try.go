@@ -70,7 +70,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (admis
 		tresp, err := q.tryPut(ctx, val, read, first)
 		in, again, err := q.tryTaken(ctx, tresp, err, own)
 		if again == nil {
-			in.recorded = err == nil && q.opts.records()
+			in.recorded = err == nil && q.opts.records
 			return in, err
 		}
 		resp = again
@@ -191,7 +191,7 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 		}
 	}
 	then := []clientv3.Op{put}
-	if q.opts.records() {
+	if q.opts.records {
 		// A hold taken and ended without Unlock since the read leaves no
 		// key under the prefix, but a pending delay record: no record
 		// may have changed since the read either.

@@ -148,8 +148,10 @@ func (w *waiter) watchTurn(ctx context.Context) (*pb.ResponseHeader, error) {
 	for {
 		// A pending lock delay that no waiter has started yet is
 		// started by the first that finds it (delay.go).
-		if err := q.startDelays(ctx, w.read.delays); err != nil {
-			return nil, err
+		if len(w.read.delays) > 0 {
+			if err := q.startDelays(ctx, w.read.delays); err != nil {
+				return nil, err
+			}
 		}
 		keys := q.watched(w.read.blockers)
 		if err := w.rewatch(ctx, keys); err != nil {
@@ -401,7 +403,7 @@ func (w *waiter) confirm(ctx context.Context, minRev int64) (queueRead, error) {
 	if err != nil {
 		return queueRead{}, err
 	}
-	if len(q.pendingDelays(me, rangeAt(resp.Responses, checkDelays), func(key string, rev int64) bool {
+	if delays := rangeAt(resp.Responses, checkDelays); delays != nil && len(q.pendingDelays(me, delays, func(key string, rev int64) bool {
 		return key == q.key && rev != 0 && rev == me.rev
 	})) > 0 {
 		return w.check(ctx, resp.Header.Revision)
@@ -417,7 +419,7 @@ func (w *waiter) confirm(ctx context.Context, minRev int64) (queueRead, error) {
 // own (writeDelay).
 func (w *waiter) recording() bool {
 	q := w.q
-	return q.opts.records() && w.me.mode.Exclusive() // (a set takes no delay: validate)
+	return q.opts.records && w.me.mode.Exclusive() // (a set takes no delay: validate)
 }
 
 // opRecord is the nested Txn of a recording waiter's reads: it writes
