@@ -212,7 +212,7 @@ func (w *waiter) rewatch(ctx context.Context, keys []string) error {
 	q, lw, ww := w.q, w.q.s.watcher, w.ww
 	var kept, stopped []*blockerWatch
 	for _, b := range w.watches {
-		if slices.Contains(keys, b.key) {
+		if slices.Contains(keys, b.key()) {
 			kept = append(kept, b)
 		} else {
 			stopped = append(stopped, b)
@@ -223,7 +223,7 @@ func (w *waiter) rewatch(ctx context.Context, keys []string) error {
 	opened := len(w.watches)
 	blockers := w.read.blockers
 	for _, k := range keys {
-		if slices.ContainsFunc(kept, func(b *blockerWatch) bool { return b.key == k }) {
+		if slices.ContainsFunc(kept, func(b *blockerWatch) bool { return b.key() == k }) {
 			continue
 		}
 		var mode KeyMode
@@ -311,10 +311,10 @@ func (w *waiter) blockerEvent(e watchedEvent) (at int64, key string, ok bool) {
 	if ev.Kv.ModRevision <= w.read.rev {
 		return 0, "", false
 	}
-	prefix := e.b.key == w.q.prefix()
-	if e.b.key == w.q.delayPfx() {
+	prefix := e.b.key() == w.q.prefix()
+	if e.b.key() == w.q.delayPfx() {
 		// Pending delays, more than maxWatched: one that ends may admit me.
-		return ev.Kv.ModRevision, string(ev.Kv.Key), ev.Type == mvccpb.DELETE && isChild(e.b.key, ev.Kv.Key)
+		return ev.Kv.ModRevision, string(ev.Kv.Key), ev.Type == mvccpb.DELETE && isChild(e.b.key(), ev.Kv.Key)
 	}
 	if ev.Type == mvccpb.PUT {
 		// Only a reader sees Puts: a Downgrade changes the mode;
@@ -323,7 +323,7 @@ func (w *waiter) blockerEvent(e watchedEvent) (at int64, key string, ok bool) {
 	}
 	switch {
 	case !prefix:
-		return ev.Kv.ModRevision, e.b.key, true
+		return ev.Kv.ModRevision, e.b.key(), true
 	case !w.q.isChild(ev.Kv.Key):
 		return 0, "", false
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/etcdlock/etcdlock/internal/streams"
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // The watches of every session of a client, the loss watch of each hold
@@ -88,10 +87,9 @@ type keyWatch struct {
 // only, except for a reader's watch on one key, which sees Puts too (a
 // Downgrade turns a write lock into a read lock in place).
 type blockerWatch struct {
-	kw      keyWatch
-	key     string
-	mode    KeyMode // the blocker's mode when it was read
-	created int64   // the revision at which etcd created the watch; 0 until then; guarded by sessionWatcher.mu
+	kw      keyWatch // its key is kw.sw.Key
+	mode    KeyMode  // the blocker's mode when it was read
+	created int64    // the revision at which etcd created the watch; 0 until then; guarded by sessionWatcher.mu
 }
 
 // A waitWatch is what a waiting Lock's watches, on its own key and on its
@@ -231,14 +229,14 @@ func (w *sessionWatcher) watchSet(q *queue, ww *waitWatch, rev int64) []*keyWatc
 // once etcd made it; its events are ww's; if it ends without its event
 // (the stream broke, or the session ended), ww.broken is set.
 func (w *sessionWatcher) watchBlocker(q *queue, ww *waitWatch, key string, mode KeyMode) *blockerWatch {
-	b := &blockerWatch{key: key, mode: mode}
+	b := &blockerWatch{mode: mode}
 	b.kw.w, b.kw.q, b.kw.ww, b.kw.b = w, q, ww, b
 	b.kw.sw.Key = key
 	switch {
 	case key == q.prefix():
-		b.kw.sw.End, b.kw.sw.PrevKV = clientv3.GetPrefixRangeEnd(key), true
+		b.kw.sw.Prefix, b.kw.sw.PrevKV = true, true
 	case key == q.delayPfx():
-		b.kw.sw.End = clientv3.GetPrefixRangeEnd(key)
+		b.kw.sw.Prefix = true
 	default:
 		b.kw.sw.Puts = ww.puts
 	}
@@ -529,6 +527,9 @@ func (w *sessionWatcher) refused(kw *keyWatch) {
 		}
 	})
 }
+
+// key returns the key b watches (a prefix when it watches a range).
+func (b *blockerWatch) key() string { return b.kw.sw.Key }
 
 // news hands evs, events of b's watch, to b's waiter, with w.mu held.
 func (b *blockerWatch) news(evs []*mvccpb.Event) {

@@ -30,15 +30,14 @@ import (
 // change between the Handler's Ended and the next Create).
 type Watch struct {
 	Key    string
-	End    string // the end of the range watched; "" for Key alone
-	Rev    int64  // the first revision watched; 0: from now
-	Puts   bool   // see Puts too; otherwise deletions only
-	PrevKV bool   // deletions carry the key's last value
+	Rev    int64 // the first revision watched; 0: from now
 	H      Handler
+	Prefix bool // watch every key that starts with Key
+	Puts   bool // see Puts too; otherwise deletions only
+	PrevKV bool // deletions carry the key's last value
 
 	state watchState // guarded by Mu
 	id    int64      // the watch's ID on the open stream, while active
-	alone *aloneWatch
 }
 
 // A Handler is told, with the Watches' Mu held, what etcd says of a Watch.
@@ -87,8 +86,9 @@ type Watches struct {
 	s *watchStream // nil: each watch alone, through the client's Watcher
 
 	cli   *clientv3.Client
-	ctx   context.Context // of the watches made alone
-	alone sync.WaitGroup  // their goroutines
+	ctx   context.Context        // of the watches made alone
+	alone map[*Watch]*aloneWatch // the watches made alone, while active
+	busy  sync.WaitGroup         // their goroutines
 }
 
 // OpenWatches returns a Watches of cli's shared stream. Without one (a
@@ -138,10 +138,10 @@ func (w *Watches) Create(x *Watch) {
 // Stop stops x, made or being made; its Handler is told nothing more. x
 // is idle after it.
 func (w *Watches) Stop(x *Watch) {
-	switch {
-	case x.alone != nil:
-		x.alone.cancel()
-		x.alone = nil
+	switch a := w.alone[x]; {
+	case a != nil:
+		a.cancel()
+		delete(w.alone, x)
 	case x.state == active:
 		delete(w.s.ids, x.id)
 		w.s.cancels = append(w.s.cancels, x.id)
@@ -155,7 +155,7 @@ func (w *Watches) Stop(x *Watch) {
 // Close gives the stream back, once every watch is stopped, and waits for
 // the goroutines of the watches made alone.
 func (w *Watches) Close() {
-	w.alone.Wait()
+	w.busy.Wait()
 	if w.s != nil {
 		w.s.release()
 	}
@@ -170,10 +170,13 @@ type aloneWatch struct {
 func (w *Watches) makeAlone(x *Watch) {
 	ctx, cancel := context.WithCancel(w.ctx)
 	a := &aloneWatch{cancel: cancel}
-	x.state, x.alone = active, a
+	if w.alone == nil {
+		w.alone = make(map[*Watch]*aloneWatch)
+	}
+	x.state, w.alone[x] = active, a
 	opts := []clientv3.OpOption{clientv3.WithCreatedNotify(), clientv3.WithRev(x.Rev)}
-	if x.End != "" {
-		opts = append(opts, clientv3.WithRange(x.End))
+	if x.Prefix {
+		opts = append(opts, clientv3.WithPrefix())
 	}
 	if !x.Puts {
 		opts = append(opts, clientv3.WithFilterPut())
@@ -181,14 +184,14 @@ func (w *Watches) makeAlone(x *Watch) {
 	if x.PrevKV {
 		opts = append(opts, clientv3.WithPrevKV())
 	}
-	w.alone.Add(1)
+	w.busy.Add(1)
 	go func() {
-		defer w.alone.Done()
+		defer w.busy.Done()
 		defer cancel()
 		why, created := Broken, false
 		for wr := range w.cli.Watch(ctx, x.Key, opts...) {
 			w.Mu.Lock()
-			if x.alone != a {
+			if w.alone[x] != a {
 				w.Mu.Unlock()
 				return // stopped
 			}
@@ -222,8 +225,9 @@ func (w *Watches) makeAlone(x *Watch) {
 		}
 		w.Mu.Lock()
 		defer w.Mu.Unlock()
-		if x.alone == a {
-			x.state, x.alone = idle, nil
+		if w.alone[x] == a {
+			x.state = idle
+			delete(w.alone, x)
 			x.H.Ended(why)
 		}
 	}()
@@ -433,8 +437,8 @@ func (s *watchStream) Next() (*pb.WatchRequest, bool) {
 // createRequest returns the request that creates x.
 func (x *Watch) createRequest() *pb.WatchCreateRequest {
 	cr := &pb.WatchCreateRequest{Key: []byte(x.Key), StartRevision: x.Rev, PrevKv: x.PrevKV}
-	if x.End != "" {
-		cr.RangeEnd = []byte(x.End)
+	if x.Prefix {
+		cr.RangeEnd = []byte(clientv3.GetPrefixRangeEnd(x.Key))
 	}
 	if !x.Puts {
 		cr.Filters = noPut

@@ -104,7 +104,7 @@ func TestWatchesEvents(t *testing.T) {
 			r1, r2, r3 := newRecorder(), newRecorder(), newRecorder()
 			x1 := &streams.Watch{Key: key + "a", Rev: from + 1, H: r1}
 			x2 := &streams.Watch{Key: key + "b", H: r2}
-			x3 := &streams.Watch{Key: key, End: clientv3.GetPrefixRangeEnd(key), Puts: true, H: r3}
+			x3 := &streams.Watch{Key: key, Prefix: true, Puts: true, H: r3}
 			w1.Mu.Lock()
 			w1.Want()
 			w1.Create(x1)
