@@ -52,34 +52,47 @@ type sessionWatcher struct {
 	// and probe of every keyWatch, and its waitWatch and blockerWatch
 	// (see there).
 	mu      *sync.Mutex
-	ended   bool                   // the session ended: every watch is over, none is made
-	watches map[*keyWatch]struct{} // the watches not finished
+	ended   bool                      // the session ended: every watch is over, none is made
+	watches map[*keyWatch]struct{}    // the watches not finished
+	paused  map[*keyWatch]*time.Timer // queues a watch again after etcd refused it, in state watchPaused
 }
 
 // A keyWatch watches one key of the session for its deletion: a hold's key
 // (h is set: the deletion ends the hold as lost) or a waiting Lock's key
-// (ww is set: the waiter is told); or, when b is set, a waiter's blocker
-// (see blockerWatch). It is its stream watch's Handler.
+// (ww is set: the waiter is told); or, when blocker is set, a waiter's
+// blocker (the keyWatch of a blockerWatch). It is its stream watch's
+// Handler, but a blocker's, whose Handler is its blockerWatch. It is
+// kept small: a waiter has two, and a hold whose Done was asked one.
 type keyWatch struct {
-	w  *sessionWatcher
 	q  *queue
-	h  *hold         // the hold it watches, or nil
-	ww *waitWatch    // the waiter it tells, or nil
-	b  *blockerWatch // the blocker watch it is, or nil
+	h  *hold      // the hold it watches, or nil
+	ww *waitWatch // the waiter it tells, or nil
 	// sw is the watch on the stream. Its Rev is the first revision at
 	// which a deletion is the key's end; 0: read the key first (a
 	// blocker's: watch from now).
 	sw    streams.Watch
-	rev   int64 // create revision of the key: the incarnation watched
+	probe *keyProbe // the last goroutine that probed the key
 	state watchState
-	probe *keyProbe   // the last goroutine that probed the key
-	pause *time.Timer // queues the watch again after etcd refused it, in state watchPaused
 	// refusals counts etcd's refusals of the watch in a row: the pause
 	// before the next attempt doubles with each.
 	refusals uint8
 	// limits: it keeps h's max hold timer. A set's hold has a watch for
 	// each key; the one of the set's lead keeps it.
-	limits bool
+	limits  bool
+	blocker bool // the keyWatch of a blockerWatch
+}
+
+// watcher returns the session's watcher, whose watch kw is.
+func (kw *keyWatch) watcher() *sessionWatcher { return kw.q.s.watcher }
+
+// rev returns the create revision of kw's key, the incarnation watched: a
+// hold's token, or the waiter's key's (a set's keys share it). A
+// blocker's watch has none.
+func (kw *keyWatch) rev() int64 {
+	if kw.h != nil {
+		return kw.h.rev
+	}
+	return kw.ww.rev
 }
 
 // A blockerWatch watches a key ahead of a waiter, or the lock's whole
@@ -87,7 +100,7 @@ type keyWatch struct {
 // only, except for a reader's watch on one key, which sees Puts too (a
 // Downgrade turns a write lock into a read lock in place).
 type blockerWatch struct {
-	kw      keyWatch // its key is kw.sw.Key
+	kw      keyWatch // its key is kw.sw.Key; its Handler is the blockerWatch
 	mode    KeyMode  // the blocker's mode when it was read
 	created int64    // the revision at which etcd created the watch; 0 until then; guarded by sessionWatcher.mu
 }
@@ -96,6 +109,7 @@ type blockerWatch struct {
 // blockers, tell it. The fields but wake and puts are guarded by
 // sessionWatcher.mu.
 type waitWatch struct {
+	rev    int64          // the create revision of the waiter's key (and of its set's others)
 	wake   chan struct{}  // capacity 1: there is news
 	puts   bool           // a reader: its watches on single blockers see Puts too
 	events []watchedEvent // blockers' events not yet taken (take)
@@ -122,7 +136,7 @@ func (ww *waitWatch) take() (evs []watchedEvent, gone, broken bool) {
 // tell wakes kw's waiter, with w.mu held: its key is gone (or the session
 // ended), or, for a blocker, the watch ended without its event.
 func (kw *keyWatch) tell() {
-	if kw.b != nil {
+	if kw.blocker {
 		kw.ww.broken = true
 	} else if !kw.ww.gone {
 		kw.ww.gone, kw.ww.lost = true, kw.q
@@ -176,7 +190,7 @@ func (w *sessionWatcher) watchHold(q *queue, h *hold, limits bool) *keyWatch {
 	if h.hdr.rev != 0 {
 		from = h.hdr.rev + 1
 	}
-	kw := &keyWatch{w: w, q: q, h: h, rev: h.rev, limits: limits}
+	kw := &keyWatch{q: q, h: h, limits: limits}
 	kw.sw.Rev = from
 	if !w.add(kw) {
 		return nil
@@ -188,8 +202,8 @@ func (w *sessionWatcher) watchHold(q *queue, h *hold, limits bool) *keyWatch {
 // the watch and what the waiter's watches tell it: gone is set when the
 // key is deleted, or the session ends. puts is set for a reader.
 func (w *sessionWatcher) watchOwn(q *queue, rev int64, puts bool) (*keyWatch, *waitWatch) {
-	ww := &waitWatch{wake: make(chan struct{}, 1), puts: puts}
-	kw := &keyWatch{w: w, q: q, ww: ww, rev: rev}
+	ww := &waitWatch{rev: rev, wake: make(chan struct{}, 1), puts: puts}
+	kw := &keyWatch{q: q, ww: ww}
 	kw.sw.Rev = rev + 1
 	if !w.add(kw) {
 		w.mu.Lock()
@@ -212,7 +226,7 @@ func (w *sessionWatcher) watchSet(q *queue, ww *waitWatch, rev int64) []*keyWatc
 		if p == q {
 			continue
 		}
-		kw := &keyWatch{w: w, q: p, ww: ww, rev: rev}
+		kw := &keyWatch{q: p, ww: ww}
 		kw.sw.Rev = rev + 1
 		if !w.add(kw) {
 			w.mu.Lock()
@@ -230,8 +244,8 @@ func (w *sessionWatcher) watchSet(q *queue, ww *waitWatch, rev int64) []*keyWatc
 // (the stream broke, or the session ended), ww.broken is set.
 func (w *sessionWatcher) watchBlocker(q *queue, ww *waitWatch, key string, mode KeyMode) *blockerWatch {
 	b := &blockerWatch{mode: mode}
-	b.kw.w, b.kw.q, b.kw.ww, b.kw.b = w, q, ww, b
-	b.kw.sw.Key = key
+	b.kw.q, b.kw.ww, b.kw.blocker = q, ww, true
+	b.kw.sw.Key, b.kw.sw.H = key, b
 	switch {
 	case key == q.prefix():
 		b.kw.sw.Prefix, b.kw.sw.PrevKV = true, true
@@ -277,12 +291,11 @@ func (w *sessionWatcher) add(kw *keyWatch) bool {
 		// waiting on a link that is cut.
 		kw.h.limit.timer = time.AfterFunc(time.Until(kw.h.maxDeadline().Add(-kw.q.s.expiryMargin())), func() { w.expire(kw) })
 	}
-	if kw.b == nil {
-		kw.sw.Key = kw.q.key
+	if !kw.blocker {
+		kw.sw.Key, kw.sw.H = kw.q.key, kw
 	}
-	kw.sw.H = kw
 	w.ws.Want()
-	if kw.sw.Rev == 0 && kw.b == nil {
+	if kw.sw.Rev == 0 && !kw.blocker {
 		w.probe(kw, true)
 	} else {
 		w.enqueue(kw)
@@ -330,8 +343,9 @@ func (w *sessionWatcher) drop(kw *keyWatch) bool {
 	if kw.limits && kw.h.limit != nil && kw.h.limit.timer != nil {
 		kw.h.limit.timer.Stop()
 	}
-	if kw.pause != nil {
-		kw.pause.Stop()
+	if t := w.paused[kw]; t != nil {
+		t.Stop()
+		delete(w.paused, kw)
 	}
 	kw.state = watchFinished
 	delete(w.watches, kw)
@@ -427,7 +441,7 @@ func (w *sessionWatcher) read(l *keyProbe, kw *keyWatch) (from int64, ok bool) {
 		switch {
 		case l.waitCtx.Err() != nil:
 			return -1, false
-		case err == nil && len(resp.Kvs) > 0 && resp.Kvs[0].CreateRevision == kw.rev:
+		case err == nil && len(resp.Kvs) > 0 && resp.Kvs[0].CreateRevision == kw.rev():
 			return resp.Header.Revision + 1, true
 		case err == nil:
 			return 0, false
@@ -512,17 +526,17 @@ func (w *sessionWatcher) wait() {
 // which is told as when a watch breaks, and reads the queue before it
 // watches anew; the others are queued again once the pause is over.
 func (w *sessionWatcher) refused(kw *keyWatch) {
-	if kw.b != nil {
-		w.gone(kw)
-		return
-	}
 	kw.state = watchPaused
 	pause := min(streams.MinBackoff<<min(kw.refusals, 8), streams.MaxBackoff)
 	kw.refusals++
-	kw.pause = time.AfterFunc(pause, func() {
+	if w.paused == nil {
+		w.paused = make(map[*keyWatch]*time.Timer)
+	}
+	w.paused[kw] = time.AfterFunc(pause, func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if kw.state == watchPaused {
+			delete(w.paused, kw)
 			w.enqueue(kw)
 		}
 	})
@@ -542,23 +556,14 @@ func (b *blockerWatch) news(evs []*mvccpb.Event) {
 
 // Created is told, with w.mu held, that etcd made kw's watch at rev
 // (streams.Handler).
-func (kw *keyWatch) Created(rev int64) {
-	kw.refusals = 0
-	if kw.b != nil {
-		kw.b.created = rev
-		kw.ww.signal()
-	}
-}
+func (kw *keyWatch) Created(int64) { kw.refusals = 0 }
 
 // Events is told, with w.mu held, the events of kw's watch: a blocker's
 // go to its waiter; a deletion of the key watched ends the key
 // (streams.Handler).
 func (kw *keyWatch) Events(evs []*mvccpb.Event) {
-	switch {
-	case kw.b != nil:
-		kw.b.news(evs)
-	case deleted(kw, evs):
-		kw.w.gone(kw)
+	if deleted(kw, evs) {
+		kw.watcher().gone(kw)
 	}
 }
 
@@ -568,15 +573,28 @@ func (kw *keyWatch) Events(evs []*mvccpb.Event) {
 // the same revision; one whose revision is compacted reads the key
 // first, and one etcd refused waits a pause first.
 func (kw *keyWatch) Ended(why streams.End) {
-	w := kw.w
-	switch {
-	case kw.b != nil:
-		w.gone(kw)
-	case why == streams.Compacted:
+	w := kw.watcher()
+	switch why {
+	case streams.Compacted:
 		w.probe(kw, true)
-	case why == streams.Refused:
+	case streams.Refused:
 		w.refused(kw)
 	default:
 		w.enqueue(kw)
 	}
 }
+
+// Created is told, with w.mu held, that etcd made b's watch at rev: the
+// waiter closes the gap before it with one read (streams.Handler).
+func (b *blockerWatch) Created(rev int64) {
+	b.created = rev
+	b.kw.ww.signal()
+}
+
+// Events hands b's events to its waiter (streams.Handler).
+func (b *blockerWatch) Events(evs []*mvccpb.Event) { b.news(evs) }
+
+// Ended tells b's waiter that b's watch ended without its event, for any
+// reason: events may have been missed, so it reads the queue again and
+// watches anew (streams.Handler).
+func (b *blockerWatch) Ended(streams.End) { b.kw.watcher().gone(&b.kw) }
