@@ -120,22 +120,15 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (placeme
 			return placement{}, err
 		}
 	}
+	p := placement{hdr: resp.Header}
 	if rs := resp.Responses; resp.Succeeded {
-		return placement{
-			rev:      resp.Header.Revision,
-			page:     rs[placedQueue].GetResponseRange(),
-			delays:   rangeAt(rs, placedDelays),
-			hdr:      resp.Header,
-			recorded: len(rs) > placedRecord && rs[placedRecord].GetResponseTxn().Succeeded,
-		}, nil
+		p.rev, p.page, p.delays = resp.Header.Revision, rs[placedQueue].GetResponseRange(), rangeAt(rs, placedDelays)
+		p.recorded = len(rs) > placedRecord && rs[placedRecord].GetResponseTxn().Succeeded
+		return p, nil
 	}
 	rs := resp.Responses[kept].GetResponseTxn().Responses
-	return placement{
-		rev:    rs[keptKey].GetResponseRange().Kvs[0].CreateRevision,
-		page:   rs[keptQueue].GetResponseRange(),
-		delays: rangeAt(rs, keptDelays),
-		hdr:    resp.Header,
-	}, nil
+	p.rev, p.page, p.delays = rs[keptKey].GetResponseRange().Kvs[0].CreateRevision, rs[keptQueue].GetResponseRange(), rangeAt(rs, keptDelays)
+	return p, nil
 }
 
 // The slots of place's Txn, as placeKey reads them. Its Then puts the key
