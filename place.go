@@ -106,7 +106,7 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (placeme
 			break
 		}
 		in := resp.Responses[kept].GetResponseTxn()
-		inherited := attempt == 0 && q.s.inherits(q.key)
+		inherited := attempt == 0 && q.s.inherits(q.key, foundRev(in))
 		if in.Succeeded && !inherited {
 			break
 		}
@@ -357,18 +357,28 @@ func (q *queue) remove(ctx context.Context, rev int64) error {
 // same mode (keptKey) or left in another (leftKey); an inherited one as
 // removeInherited does, a leftover as remove does.
 func (q *queue) removeFound(ctx context.Context, in *pb.TxnResponse, inherited bool) error {
+	rev := foundRev(in)
+	switch {
+	case rev == 0:
+		return nil
+	case inherited:
+		return q.removeInherited(ctx, rev)
+	}
+	return q.remove(ctx, rev)
+}
+
+// foundRev returns the create revision of our key that place's second Txn
+// (in) found, in the same mode (keptKey) or in another (leftKey); 0 if
+// none was there.
+func foundRev(in *pb.TxnResponse) int64 {
 	found := leftKey
 	if in.Succeeded {
 		found = keptKey
 	}
-	old := in.Responses[found].GetResponseRange().Kvs
-	switch {
-	case len(old) == 0:
-		return nil
-	case inherited:
-		return q.removeInherited(ctx, old[0].CreateRevision)
+	if old := in.Responses[found].GetResponseRange().Kvs; len(old) > 0 {
+		return old[0].CreateRevision
 	}
-	return q.remove(ctx, old[0].CreateRevision)
+	return 0
 }
 
 // removeInherited deletes the key inherited with the session's adopted
@@ -472,8 +482,8 @@ func (q *queue) placeSet(ctx context.Context, val string) (rev int64, pages []*p
 			placed = placed && revs[i] == revs[0] && string(kv.Value) == q.set.parts[i].partValue(val) && kv.Lease == int64(q.s.Lease())
 		}
 		inherited := false
-		for _, p := range q.set.parts {
-			inherited = inherited || (attempt == 0 && q.s.inherits(p.key))
+		for i, p := range q.set.parts {
+			inherited = inherited || (attempt == 0 && q.s.inherits(p.key, revs[i]))
 		}
 		if placed && !inherited {
 			for _, p := range q.set.parts {

@@ -82,6 +82,12 @@ type Session struct {
 	inherited  map[string]bool // false: a key this session put (inheritAll)
 	inheritAll bool            // etcd would not list them: every other key found is
 	adopted    atomic.Bool
+	// adoptRev is the revision at which the session adopted its lease
+	// (WithLease); 0 for a lease of its own. A key of the lease created
+	// at or before it is the process before's, whether etcd listed it
+	// or not: a WithMaxHold hold's key is bound to a lease of its own,
+	// and no listing of the adopted lease shows it. Set once.
+	adoptRev int64
 
 	// The goroutines that finish what a caller whose ctx ended left
 	// (spawn): shutdown waits for them. noSpawn is guarded by mu.
@@ -213,6 +219,7 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 		loopDone:  make(chan struct{}),
 		deadline:  st.deadline,
 		inherited: st.inherited,
+		adoptRev:  st.adoptRev,
 		names:     make(map[string]nameLock),
 		ev:        newReporter(o.hooks, o.logger),
 	}
@@ -239,6 +246,7 @@ type startedLease struct {
 	// (inheritAll) where etcd would not list them.
 	inherited  map[string]bool
 	inheritAll bool
+	adoptRev   int64 // the revision etcd answered the adopted lease's look-up at
 }
 
 // startLease grants the session's lease, or checks and renews the one
@@ -295,7 +303,7 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 		releaseLease(lk)
 		return startedLease{}, errorf("renew lease %x: %w", id, started(err))
 	}
-	return startedLease{id: id, key: lk, ttl: time.Duration(resp.GrantedTTL) * time.Second, deadline: sent.Add(time.Duration(ka.TTL) * time.Second), inherited: inherited, inheritAll: all}, nil
+	return startedLease{id: id, key: lk, ttl: time.Duration(resp.GrantedTTL) * time.Second, deadline: sent.Add(time.Duration(ka.TTL) * time.Second), inherited: inherited, inheritAll: all, adoptRev: resp.ResponseHeader.GetRevision()}, nil
 }
 
 // lookUpAdopted looks up the lease a session adopts (WithLease), with the
@@ -357,10 +365,14 @@ func (s *Session) Lease() clientv3.LeaseID { return s.id }
 func (s *Session) TTL() time.Duration { return s.ttl }
 
 // inherits reports whether key, found under the session's lease before
-// a lock placed its own, is a hold of the process that used the lease
-// before (WithLease): then its place and token are not the lock's to take
-// over. A key a cleanup of this session left is not.
-func (s *Session) inherits(key string) bool {
+// a lock placed its own, with create revision rev, is a hold of the
+// process that used the lease before (WithLease): then its place and
+// token are not the lock's to take over. A key a cleanup of this session
+// left is not: it was created after the adoption.
+func (s *Session) inherits(key string, rev int64) bool {
+	if rev != 0 && rev <= s.adoptRev {
+		return true
+	}
 	if !s.adopted.Load() {
 		return false
 	}

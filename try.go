@@ -46,7 +46,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (admis
 		}
 		// A key inherited with an adopted lease is not this Try's to take
 		// over (see placeKey), blocked or not: it goes first.
-		inherited := read.own != nil && q.s.inherits(q.key)
+		inherited := read.own != nil && q.s.inherits(q.key, read.own.CreateRevision)
 		if len(read.blockers) > 0 && !inherited {
 			// A Try starts a pending lock delay, or no Try would ever
 			// end it. If it fails, a later Try or Lock starts it.
