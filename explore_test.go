@@ -1956,6 +1956,7 @@ func (x *schedule) teardown() {
 		x.violation("20s after every actor released, keys of live sessions are left: %v", left)
 	}
 	if x.k.delay {
+		x.endInherited(ctx, leases)
 		x.lastLock()
 	}
 	x.cancel()
@@ -2382,6 +2383,33 @@ func (x *schedule) awaitDelays() bool {
 // lastLock takes the lock once more, on a session of its own, once every
 // actor has released: whatever delays the schedule left, started or not,
 // must end, so that it is had within 30s (the longest delay is 2s).
+// endInherited closes each live session that still has keys of holds
+// from before its restart: they stay queued while the session keeps the
+// lease alive (WithLease documents it), so the last Lock would wait for
+// them for good. Ending the session is the way out WithLease names; the
+// holds ended without Unlock, so their lock delays are owed.
+func (x *schedule) endInherited(ctx context.Context, leases map[int64]int) {
+	resp, err := x.admin.Get(ctx, x.name+"/", clientv3.WithPrefix())
+	if err != nil {
+		x.logf("end: (inherited keys not read: %v)", err)
+		return
+	}
+	ended := map[int64]bool{}
+	for _, kv := range resp.Kvs {
+		id, ok := leases[kv.Lease]
+		if !ok || ended[kv.Lease] || kv.CreateRevision > x.restarted[kv.Lease] {
+			continue
+		}
+		ended[kv.Lease] = true
+		a := x.actors[id]
+		a.mu.Lock()
+		s := a.s
+		a.mu.Unlock()
+		x.logf("end: a%d's session closed: it keeps %s from before its restart", id, kv.Key)
+		s.Close()
+	}
+}
+
 func (x *schedule) lastLock() {
 	ctx, cancel := context.WithTimeout(x.ctx, 30*time.Second)
 	defer cancel()
