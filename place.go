@@ -102,11 +102,10 @@ func (q *queue) placeKey(ctx context.Context, mode KeyMode, val string) (placeme
 			return placement{}, q.fail(ctx, 0, err)
 		}
 		if resp.Succeeded {
-			q.s.disinherit(q.key)
 			break
 		}
 		in := resp.Responses[kept].GetResponseTxn()
-		inherited := attempt == 0 && q.s.inherits(q.key, foundRev(in))
+		inherited := attempt == 0 && q.s.inherits(foundRev(in))
 		if in.Succeeded && !inherited {
 			break
 		}
@@ -393,7 +392,6 @@ func (q *queue) removeInherited(ctx context.Context, rev int64) error {
 	})
 	switch {
 	case err == nil:
-		q.s.disinherit(q.key)
 		return nil
 	case q.s.Err() != nil:
 		return nil
@@ -464,9 +462,6 @@ func (q *queue) placeSet(ctx context.Context, val string) (rev int64, pages []*p
 			pages[i] = resp.Responses[n+i].GetResponseRange()
 		}
 		if resp.Succeeded {
-			for _, p := range q.set.parts {
-				q.s.disinherit(p.key)
-			}
 			return resp.Header.Revision, pages, resp.Header, nil
 		}
 		revs := make([]int64, n)
@@ -482,13 +477,10 @@ func (q *queue) placeSet(ctx context.Context, val string) (rev int64, pages []*p
 			placed = placed && revs[i] == revs[0] && string(kv.Value) == q.set.parts[i].partValue(val) && kv.Lease == int64(q.s.Lease())
 		}
 		inherited := false
-		for i, p := range q.set.parts {
-			inherited = inherited || (attempt == 0 && q.s.inherits(p.key, revs[i]))
+		for _, rev := range revs {
+			inherited = inherited || (attempt == 0 && q.s.inherits(rev))
 		}
 		if placed && !inherited {
-			for _, p := range q.set.parts {
-				q.s.disinherit(p.key)
-			}
 			return revs[0], pages, resp.Header, nil
 		}
 		if attempt > 0 {

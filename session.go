@@ -75,18 +75,10 @@ type Session struct {
 	leaseGone bool       // etcd said the lease no longer exists
 	names     map[string]nameLock
 	extra     map[clientv3.LeaseID]time.Time // WithMaxHold leases not yet revoked, and when they run out
-	// inherited are the keys attached to the lease when the session
-	// adopted it (WithLease): holds of the process before, not this
-	// session's (see inherits). Guarded by mu; adopted says it may hold
-	// some, so that other sessions take no lock to ask.
-	inherited  map[string]bool // false: a key this session put (inheritAll)
-	inheritAll bool            // etcd would not list them: every other key found is
-	adopted    atomic.Bool
 	// adoptRev is the revision at which the session adopted its lease
-	// (WithLease); 0 for a lease of its own. A key of the lease created
-	// at or before it is the process before's, whether etcd listed it
-	// or not: a WithMaxHold hold's key is bound to a lease of its own,
-	// and no listing of the adopted lease shows it. Set once.
+	// (WithLease); 0 for a lease of its own. A key under the lease's name
+	// created at or before it is a hold of the process before (see
+	// inherits). Set once.
 	adoptRev int64
 
 	// The goroutines that finish what a caller whose ctx ended left
@@ -218,16 +210,10 @@ func NewSession(ctx context.Context, cli *clientv3.Client, opts ...SessionOption
 		stop:      func() { stop(nil) },
 		loopDone:  make(chan struct{}),
 		deadline:  st.deadline,
-		inherited: st.inherited,
 		adoptRev:  st.adoptRev,
 		names:     make(map[string]nameLock),
 		ev:        newReporter(o.hooks, o.logger),
 	}
-	if st.inheritAll && s.inherited == nil {
-		s.inherited = map[string]bool{}
-	}
-	s.inheritAll = st.inheritAll
-	s.adopted.Store(len(s.inherited) > 0 || st.inheritAll)
 	s.watcher = newSessionWatcher(s)
 	s.releaser = newReleaser(s.endCtx)
 	batch.end = s.endCtx
@@ -242,11 +228,7 @@ type startedLease struct {
 	key      leaseKey      // claimed (claimLease) for the new Session
 	ttl      time.Duration // granted
 	deadline time.Time     // the lease lives at least until then
-	// The keys attached to an adopted lease (WithLease), or all keys
-	// (inheritAll) where etcd would not list them.
-	inherited  map[string]bool
-	inheritAll bool
-	adoptRev   int64 // the revision etcd answered the adopted lease's look-up at
+	adoptRev int64         // the revision etcd answered the adopted lease's look-up at
 }
 
 // startLease grants the session's lease, or checks and renews the one
@@ -277,7 +259,12 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 	}
 
 	id := o.lease
-	resp, inherited, all, err := lookUpAdopted(ctx, cli, id)
+	resp, err := retry(ctx, transient, func(ctx context.Context) (*clientv3.LeaseTimeToLiveResponse, error) {
+		// The leader answers once it has applied all that was
+		// committed: every key an earlier process put under the lease's
+		// name was created at or before the answer's revision.
+		return cli.TimeToLive(ctx, id)
+	})
 	if err != nil {
 		return startedLease{}, errorf("look up lease %x: %w", id, started(err))
 	}
@@ -303,35 +290,7 @@ func startLease(ctx context.Context, cli *clientv3.Client, o *sessionOptions) (s
 		releaseLease(lk)
 		return startedLease{}, errorf("renew lease %x: %w", id, started(err))
 	}
-	return startedLease{id: id, key: lk, ttl: time.Duration(resp.GrantedTTL) * time.Second, deadline: sent.Add(time.Duration(ka.TTL) * time.Second), inherited: inherited, inheritAll: all, adoptRev: resp.ResponseHeader.GetRevision()}, nil
-}
-
-// lookUpAdopted looks up the lease a session adopts (WithLease), with the
-// keys attached to it: holds of the process that used it before, none of
-// which is taken over (see inherits). The leader answers once it has
-// applied all that was committed, so an acknowledged Put is among them. A
-// user who may not read one of them is answered without keys (all): then
-// every key found is taken as inherited.
-func lookUpAdopted(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID) (resp *clientv3.LeaseTimeToLiveResponse, inherited map[string]bool, all bool, err error) {
-	resp, err = retry(ctx, transient, func(ctx context.Context) (*clientv3.LeaseTimeToLiveResponse, error) {
-		if all {
-			return cli.TimeToLive(ctx, id)
-		}
-		resp, err := cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys())
-		if refused(err) {
-			all = true
-			return cli.TimeToLive(ctx, id)
-		}
-		return resp, err
-	})
-	if err != nil || len(resp.Keys) == 0 {
-		return resp, nil, all, err
-	}
-	inherited = make(map[string]bool, len(resp.Keys))
-	for _, k := range resp.Keys {
-		inherited[string(k)] = true
-	}
-	return resp, inherited, all, nil
+	return startedLease{id: id, key: lk, ttl: time.Duration(resp.GrantedTTL) * time.Second, deadline: sent.Add(time.Duration(ka.TTL) * time.Second), adoptRev: resp.ResponseHeader.GetRevision()}, nil
 }
 
 // startErr is the error of a start that failed with err: ctx's or the
@@ -364,42 +323,15 @@ func (s *Session) Lease() clientv3.LeaseID { return s.id }
 // TTL returns the lease TTL etcd granted (it may round up what was asked).
 func (s *Session) TTL() time.Duration { return s.ttl }
 
-// inherits reports whether key, found under the session's lease before
-// a lock placed its own, with create revision rev, is a hold of the
-// process that used the lease before (WithLease): then its place and
-// token are not the lock's to take over. A key a cleanup of this session
-// left is not: it was created after the adoption.
-func (s *Session) inherits(key string, rev int64) bool {
-	if rev != 0 && rev <= s.adoptRev {
-		return true
-	}
-	if !s.adopted.Load() {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if v, ok := s.inherited[key]; ok {
-		return v
-	}
-	return s.inheritAll
-}
-
-// disinherit forgets key as inherited: it is gone, or a lock of the
-// session put it anew.
-func (s *Session) disinherit(key string) {
-	if !s.adopted.Load() {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.inheritAll {
-		s.inherited[key] = false
-		return
-	}
-	delete(s.inherited, key)
-	if len(s.inherited) == 0 {
-		s.adopted.Store(false) // none left: no lock to take to ask
-	}
+// inherits reports whether our key, found under the session's lease's
+// name before a lock placed its own, with create revision rev, is a hold
+// of the process that used the lease before (WithLease): then its place
+// and token are not the lock's to take over. It is when it was created at
+// or before the adoption, whatever lease it is bound to now (a WithMaxHold
+// hold's key is bound to a lease of its own). A key a cleanup of this
+// session left is not: it was created after.
+func (s *Session) inherits(rev int64) bool {
+	return rev != 0 && rev <= s.adoptRev
 }
 
 // Expiry returns the time until which the session's lease is known to

@@ -46,7 +46,7 @@ func (q *queue) tryAcquire(ctx context.Context, mode KeyMode, val string) (admis
 		}
 		// A key inherited with an adopted lease is not this Try's to take
 		// over (see placeKey), blocked or not: it goes first.
-		inherited := read.own != nil && q.s.inherits(q.key, read.own.CreateRevision)
+		inherited := read.own != nil && q.s.inherits(read.own.CreateRevision)
 		if len(read.blockers) > 0 && !inherited {
 			// A Try starts a pending lock delay, or no Try would ever
 			// end it. If it fails, a later Try or Lock starts it.
@@ -218,8 +218,6 @@ func (q *queue) tryPut(ctx context.Context, val string, read queueRead, first []
 			rev := resp.Header.Revision
 			if read.own != nil {
 				rev = read.own.CreateRevision
-			} else {
-				q.s.disinherit(q.key)
 			}
 			_ = q.remove(context.Background(), rev)
 		}
@@ -319,9 +317,6 @@ func (q *queue) tryTaken(ctx context.Context, tresp *clientv3.TxnResponse, err e
 	rev := own
 	if rev == 0 {
 		rev = tresp.Header.Revision
-		if q.set == nil {
-			q.s.disinherit(q.key)
-		}
 	}
 	if err := ctx.Err(); err != nil {
 		return admission{}, nil, q.fail(ctx, rev, err)
