@@ -1,0 +1,366 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/etcdlock/etcdlock/internal/streams"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Shards: n shards of work spread over the replicas alive, each run by
+// one replica at a time (RunShards), on the queues the other primitives
+// use: the replicas' membership is a read lock that every replica holds,
+// and each shard is a Mutex.
+
+// MaxShards is the most shards RunShards spreads.
+const MaxShards = 4096
+
+// A Shard is a shard of work this replica owns, given to RunShards's fn.
+type Shard struct {
+	// Num is the shard's number, from 0 to n-1.
+	Num int
+	// Token is the fencing token of this replica's hold of the shard:
+	// greater than the token of every replica that owned it before.
+	Token int64
+	m     *Mutex
+}
+
+// IsOwner returns a comparison that holds while this replica owns the
+// shard, for a Txn that must write only then (see Mutex.IsOwner).
+func (sh Shard) IsOwner() clientv3.Cmp { return sh.m.IsOwner() }
+
+// Key returns the key of this replica's hold of the shard.
+func (sh Shard) Key() string { return sh.m.Key() }
+
+// A ShardOption configures RunShards. An invalid value makes RunShards
+// return an error wrapping ErrInvalidOption.
+type ShardOption func(*shardOptions) error
+
+type shardOptions struct {
+	mutex    []MutexOption
+	identity string
+}
+
+// WithShardMutexOptions sets the options of each shard's Mutex: a lock
+// delay (WithLockDelay) keeps a shard whose owner crashed free for that
+// long after its session ends, as for any Mutex. Default: none.
+func WithShardMutexOptions(opts ...MutexOption) ShardOption {
+	return func(o *shardOptions) error {
+		o.mutex = append(o.mutex, opts...)
+		return nil
+	}
+}
+
+// WithShardIdentity records who this replica is in its membership key and
+// in the key of each shard it owns (see WithIdentity). Default: none.
+func WithShardIdentity(identity string) ShardOption {
+	return func(o *shardOptions) error {
+		if len(identity) > MaxIdentityLen {
+			return errorf("%w: identity is %d bytes, longer than %d", ErrInvalidOption, len(identity), MaxIdentityLen)
+		}
+		o.identity = identity
+		return nil
+	}
+}
+
+// RunShards spreads n shards of work, numbered 0 to n-1, over the
+// replicas that run RunShards on name, and calls fn(ctx, shard) on this
+// replica for each shard it owns, until ctx ends. Every replica must pass
+// the same n.
+//
+// The promises:
+//   - Never two at once. Each shard is a Mutex (name/<shard>): fn starts
+//     on a replica only once the shard's previous owner released it,
+//     after its fn returned, or once that owner's session ended (a crash:
+//     its lease's TTL, and a lock delay if WithShardMutexOptions set one).
+//     A fn that ignores its ctx keeps its shard: it is never run twice.
+//     Each owner's token is greater than the last one's, so a fenced
+//     write (FencedWrite, etcdlocksql) of an earlier owner is refused.
+//   - Balanced. The replicas are those holding the read lock
+//     name/members (each RunShards holds it on its session). With m of
+//     them, once everyone has read the same membership, each owns
+//     ⌊n/m⌋ or ⌈n/m⌉ shards, and every shard has an owner.
+//   - Little movement. Each shard goes to the replica that ranks
+//     highest for it (rendezvous hashing) among those with room, so a
+//     replica that joins or leaves moves about n/m shards, not all.
+//
+// A shard that moves is handed over: its owner's fn's ctx is cancelled,
+// the shard is released once fn returned, and the next owner, waiting in
+// the shard's queue, starts. fn's ctx also ends when the shard is lost
+// (its key deleted, the session ended), with context.Cause matching
+// ErrLockLost. A fn that returns nil while it still owns the shard is
+// called again after a pause; one that returns an error ends RunShards,
+// which then releases every shard and returns that error.
+//
+// RunShards returns when ctx ends (nil), when fn fails, or when the
+// session ends (its error), once every shard it ran is released and
+// every fn returned. It needs no clock agreement between replicas.
+func RunShards(ctx context.Context, s *Session, name string, n int, fn func(ctx context.Context, sh Shard) error, opts ...ShardOption) error {
+	var o shardOptions
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return err
+		}
+	}
+	switch {
+	case s == nil:
+		return errorf("%w: no Session", ErrSessionExpired)
+	case fn == nil:
+		return errorf("%w: RunShards needs a fn", ErrInvalidOption)
+	case n < 1 || n > MaxShards:
+		return errorf("%w: %d shards: RunShards spreads 1 to %d", ErrInvalidOption, n, MaxShards)
+	}
+	for _, nm := range []string{name, shardName(name, n-1), name + "/members"} {
+		if err := checkName(nm); err != nil {
+			return err
+		}
+	}
+	var member []MutexOption
+	if o.identity != "" {
+		member = append(member, WithIdentity(o.identity))
+		o.mutex = append(o.mutex[:len(o.mutex):len(o.mutex)], WithIdentity(o.identity))
+	}
+	members := NewRWMutex(s, name+"/members", member...)
+	if err := members.RLock(ctx); err != nil {
+		return err
+	}
+	r := &shardRunner{s: s, name: name, n: n, fn: fn, opts: o.mutex, runs: map[int]*shardRun{}, ended: make(chan *shardRun)}
+	err := r.loop(ctx, members)
+	r.stopAll()
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_ = members.RUnlock(uctx) // else the session's lease removes it
+	return err
+}
+
+// shardName returns the lock name of shard i of name.
+func shardName(name string, i int) string { return name + "/" + strconv.Itoa(i) }
+
+// A shardRunner is one RunShards: the shards this replica runs or waits
+// for, and what it read of the membership.
+type shardRunner struct {
+	s     *Session
+	name  string
+	n     int
+	fn    func(context.Context, Shard) error
+	opts  []MutexOption
+	runs  map[int]*shardRun // by shard: waiting for it, running it, or releasing it
+	ended chan *shardRun    // a run's goroutine has returned
+	mine  []bool            // the shards this replica owns, as the membership last read says
+	err   error             // the first fn error
+}
+
+// A shardRun is one goroutine that takes a shard, runs fn on it and
+// releases it (Mutex.Do).
+type shardRun struct {
+	num     int
+	cancel  context.CancelFunc // the shard moved: stop waiting, or stop fn
+	stopped bool               // cancel was called
+	err     error              // fn's error, once ended
+}
+
+// loop follows the membership and starts and stops runs to match it,
+// until ctx ends, the session ends, the membership is lost or a fn fails.
+func (r *shardRunner) loop(ctx context.Context, members *RWMutex) error {
+	cli := r.s.Client()
+	pfx := r.name + "/members/"
+	me := strings.TrimPrefix(members.Key(), pfx)
+	backoff := minBackoff
+	for {
+		resp, err := cli.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			if !transient(err) || !pause(ctx, &backoff) {
+				return r.end(ctx, err)
+			}
+			continue
+		}
+		backoff = minBackoff
+		r.reconcile(ctx, assign(r.n, memberIDs(pfx, resp.Kvs), me))
+		wctx, cancel := context.WithCancel(ctx)
+		wch := cli.Watch(streams.RequireLeader(wctx), pfx, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		changed := false
+		for !changed {
+			select {
+			case <-ctx.Done():
+				cancel()
+				return r.end(ctx, nil)
+			case <-members.Done():
+				cancel()
+				return r.end(ctx, members.Err())
+			case run := <-r.ended:
+				r.runEnded(ctx, run)
+				if r.err != nil {
+					cancel()
+					return r.err
+				}
+			case wr, ok := <-wch:
+				// A member left, or joined (its Put), or the watch
+				// ended: read the membership again.
+				changed = !ok || wr.Err() != nil || len(wr.Events) > 0 || wr.Canceled
+			}
+		}
+		cancel()
+	}
+}
+
+// end returns why the loop ended: the session's end if it has, else err.
+func (r *shardRunner) end(ctx context.Context, err error) error {
+	if serr := r.s.Err(); serr != nil && ctx.Err() == nil {
+		return serr
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// memberIDs returns the members' IDs (their lease in hex), sorted, from
+// the keys of the membership lock.
+func memberIDs(pfx string, kvs []*mvccpb.KeyValue) []string {
+	ids := make([]string, 0, len(kvs))
+	for _, kv := range kvs {
+		id := strings.TrimPrefix(string(kv.Key), pfx)
+		if id != "" && !strings.Contains(id, "/") {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// reconcile starts a run for each shard of mine that has none, and stops
+// each run of a shard not mine. A shard whose run is stopping is started
+// again once it ended (runEnded).
+func (r *shardRunner) reconcile(ctx context.Context, mine []bool) {
+	for i, want := range mine {
+		run := r.runs[i]
+		switch {
+		case want && run == nil:
+			r.start(ctx, i)
+		case !want && run != nil && !run.stopped:
+			run.stopped = true
+			run.cancel()
+		}
+	}
+	r.mine = mine
+}
+
+// start starts the run of shard i.
+func (r *shardRunner) start(ctx context.Context, i int) {
+	rctx, cancel := context.WithCancel(ctx)
+	run := &shardRun{num: i, cancel: cancel}
+	r.runs[i] = run
+	m := NewMutex(r.s, shardName(r.name, i), r.opts...)
+	go func() {
+		defer cancel()
+		run.err = m.Do(rctx, func(fctx context.Context) error {
+			sh := Shard{Num: i, Token: m.Token(), m: m}
+			backoff := minBackoff
+			for {
+				if err := r.fn(fctx, sh); err != nil || fctx.Err() != nil {
+					return err
+				}
+				if !pauseUpTo(fctx, &backoff, maxBackoff) {
+					return nil
+				}
+			}
+		})
+		r.ended <- run
+	}()
+}
+
+// runEnded takes in a run that returned: a fn's error ends RunShards; a
+// shard that is still mine is started again.
+func (r *shardRunner) runEnded(ctx context.Context, run *shardRun) {
+	delete(r.runs, run.num)
+	err := run.err
+	if run.stopped || ctx.Err() != nil || errors.Is(err, ErrLockLost) || errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	if err != nil && r.err == nil {
+		r.err = fmt.Errorf("etcdlock: shard %d: %w", run.num, err)
+	}
+	if r.err == nil && ctx.Err() == nil && r.mine != nil && r.mine[run.num] {
+		r.start(ctx, run.num)
+	}
+}
+
+// stopAll stops every run and waits until each has ended.
+func (r *shardRunner) stopAll() {
+	for _, run := range r.runs {
+		run.stopped = true
+		run.cancel()
+	}
+	for len(r.runs) > 0 {
+		run := <-r.ended
+		delete(r.runs, run.num)
+	}
+}
+
+// assign returns which of n shards member me owns among members (sorted,
+// distinct): each shard, in order, goes to the member ranked highest for
+// it (rendezvous hashing) that has room, where each member has room for
+// ⌊n/m⌋ and n mod m of them for one more. Every replica that read the
+// same members computes the same assignment.
+func assign(n int, members []string, me string) []bool {
+	mine := make([]bool, n)
+	m := len(members)
+	if m == 0 {
+		return mine
+	}
+	base, extra := n/m, n%m
+	count := make([]int, m)
+	order := make([]int, m)
+	score := make([]uint64, m)
+	for i := range n {
+		for j, id := range members {
+			order[j], score[j] = j, rank(id, i)
+		}
+		slices.SortFunc(order, func(a, b int) int {
+			switch {
+			case score[a] > score[b]:
+				return -1
+			case score[a] < score[b]:
+				return 1
+			}
+			return strings.Compare(members[a], members[b])
+		})
+		for _, j := range order {
+			if count[j] < base || (count[j] == base && extra > 0) {
+				if count[j] == base {
+					extra--
+				}
+				count[j]++
+				mine[i] = members[j] == me
+				break
+			}
+		}
+	}
+	return mine
+}
+
+// rank is member's rendezvous score for shard i.
+func rank(member string, i int) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(member))
+	h.Write([]byte{'/'})
+	h.Write([]byte(strconv.Itoa(i)))
+	return mix(h.Sum64())
+}
+
+// mix spreads the bits of x (FNV's low bits are weak for short inputs).
+func mix(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
+}

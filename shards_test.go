@@ -1,0 +1,228 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/stretchr/testify/require"
+)
+
+// A shardBook records which replica runs each shard's fn, and fails the
+// test the moment two run one shard at once, or a shard's token does not
+// rise from owner to owner.
+type shardBook struct {
+	t       *testing.T
+	mu      sync.Mutex
+	running map[int]string // shard -> replica running its fn
+	token   map[int]int64  // shard -> the last owner's token
+	starts  int
+	changed chan struct{} // capacity 1: someone started or stopped
+}
+
+func newShardBook(t *testing.T) *shardBook {
+	return &shardBook{t: t, running: map[int]string{}, token: map[int]int64{}, changed: make(chan struct{}, 1)}
+}
+
+// fn is RunShards's fn for replica r: it runs until its ctx ends.
+func (b *shardBook) fn(r string) func(context.Context, etcdlock.Shard) error {
+	return func(ctx context.Context, sh etcdlock.Shard) error {
+		b.mu.Lock()
+		if other, ok := b.running[sh.Num]; ok {
+			b.t.Errorf("shard %d started on %s while %s runs it", sh.Num, r, other)
+		}
+		if last := b.token[sh.Num]; sh.Token <= last {
+			b.t.Errorf("shard %d: token %d on %s, not above the last owner's %d", sh.Num, sh.Token, r, last)
+		}
+		b.running[sh.Num], b.token[sh.Num] = r, sh.Token
+		b.starts++
+		b.mu.Unlock()
+		b.signal()
+		<-ctx.Done()
+		b.mu.Lock()
+		delete(b.running, sh.Num)
+		b.mu.Unlock()
+		b.signal()
+		return nil
+	}
+}
+
+func (b *shardBook) signal() {
+	select {
+	case b.changed <- struct{}{}:
+	default:
+	}
+}
+
+// settled waits until every one of n shards runs, spread over exactly
+// replicas, each running ⌊n/m⌋ or ⌈n/m⌉; it returns the owners.
+func (b *shardBook) settled(n int, replicas ...string) map[int]string {
+	b.t.Helper()
+	deadline := time.NewTimer(time.Minute)
+	defer deadline.Stop()
+	for {
+		b.mu.Lock()
+		own := make(map[int]string, len(b.running))
+		for k, v := range b.running {
+			own[k] = v
+		}
+		b.mu.Unlock()
+		if balanced(own, n, replicas) {
+			return own
+		}
+		select {
+		case <-b.changed:
+		case <-deadline.C:
+			b.t.Fatalf("%d shards never settled over %v: %v", n, replicas, own)
+		}
+	}
+}
+
+func balanced(own map[int]string, n int, replicas []string) bool {
+	if len(own) != n {
+		return false
+	}
+	per := map[string]int{}
+	for _, r := range own {
+		if !slices.Contains(replicas, r) {
+			return false
+		}
+		per[r]++
+	}
+	lo, hi := n/len(replicas), (n+len(replicas)-1)/len(replicas)
+	for _, r := range replicas {
+		if per[r] < lo || per[r] > hi {
+			return false
+		}
+	}
+	return true
+}
+
+func moved(a, b map[int]string) int {
+	n := 0
+	for k, v := range a {
+		if b[k] != v {
+			n++
+		}
+	}
+	return n
+}
+
+// A replica is one RunShards, on a session of its own.
+type replica struct {
+	name   string
+	s      *etcdlock.Session
+	cancel context.CancelFunc
+	done   chan struct{} // closed once RunShards returned err
+	err    error
+}
+
+// wait waits for RunShards to return, and returns its error.
+func (r *replica) wait() error {
+	<-r.done
+	return r.err
+}
+
+func startReplica(t *testing.T, b *shardBook, lock string, n int, name string) *replica {
+	s := newSession(t, newClient(t))
+	ctx, cancel := context.WithCancel(t.Context())
+	r := &replica{name: name, s: s, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		r.err = etcdlock.RunShards(ctx, s, lock, n, b.fn(name))
+	}()
+	t.Cleanup(func() { cancel(); <-r.done })
+	return r
+}
+
+// TestRunShards: 16 shards over replicas that join, leave and crash. At
+// no moment do two replicas run one shard, and each shard's token rises
+// from owner to owner (shardBook); once settled every shard runs, each
+// replica runs its share, and a change moves few shards.
+func TestRunShards(t *testing.T) {
+	t.Parallel()
+	const n = 16
+	lock := lockName(t)
+	b := newShardBook(t)
+	a := startReplica(t, b, lock, n, "a")
+	own := b.settled(n, "a")
+
+	startReplica(t, b, lock, n, "b")
+	next := b.settled(n, "a", "b")
+	t.Logf("b joined: %d shards moved (8 at least)", moved(own, next))
+	own = next
+	c := startReplica(t, b, lock, n, "c")
+	next = b.settled(n, "a", "b", "c")
+	t.Logf("c joined: %d shards moved (5 at least)", moved(own, next))
+	own = next
+
+	// a leaves: RunShards returns nil once its shards are released.
+	a.cancel()
+	require.NoError(t, a.wait())
+	next = b.settled(n, "b", "c")
+	t.Logf("a left: %d shards moved (its own: %d)", moved(own, next), count(own, "a"))
+	own = next
+
+	// c crashes: its lease is revoked, as etcd does at its TTL.
+	_, err := newClient(t).Revoke(t.Context(), c.s.Lease())
+	require.NoError(t, err)
+	require.ErrorIs(t, c.wait(), etcdlock.ErrSessionExpired)
+	next = b.settled(n, "b")
+	t.Logf("c crashed: %d shards moved (its own: %d)", moved(own, next), count(own, "c"))
+}
+
+func count(own map[int]string, r string) int {
+	n := 0
+	for _, v := range own {
+		if v == r {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRunShardsFnError: a fn's error ends RunShards, which releases every
+// shard and returns it.
+func TestRunShardsFnError(t *testing.T) {
+	t.Parallel()
+	s := newSession(t, newClient(t))
+	boom := errors.New("boom")
+	err := etcdlock.RunShards(t.Context(), s, lockName(t), 4, func(ctx context.Context, sh etcdlock.Shard) error {
+		if sh.Num == 2 {
+			return boom
+		}
+		<-ctx.Done()
+		return nil
+	})
+	require.ErrorIs(t, err, boom)
+	q, err := etcdlock.InspectLock(t.Context(), newClient(t), lockName(t)+"/2")
+	require.NoError(t, err)
+	require.Empty(t, q.Keys, "a shard left held")
+}
+
+// TestRunShardsInvalid: bad input is refused before anything is written.
+func TestRunShardsInvalid(t *testing.T) {
+	t.Parallel()
+	s := newSession(t, newClient(t))
+	fn := func(context.Context, etcdlock.Shard) error { return nil }
+	for _, c := range []struct {
+		name string
+		n    int
+		fn   func(context.Context, etcdlock.Shard) error
+		want error
+	}{
+		{lockName(t), 0, fn, etcdlock.ErrInvalidOption},
+		{lockName(t), etcdlock.MaxShards + 1, fn, etcdlock.ErrInvalidOption},
+		{lockName(t), 3, nil, etcdlock.ErrInvalidOption},
+		{"", 3, fn, etcdlock.ErrInvalidName},
+	} {
+		t.Run(fmt.Sprintf("%q/%d", c.name, c.n), func(t *testing.T) {
+			require.ErrorIs(t, etcdlock.RunShards(t.Context(), s, c.name, c.n, c.fn), c.want)
+		})
+	}
+}
