@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/etcdlock/etcdlock/internal/streams"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -170,11 +169,10 @@ type shardRun struct {
 // until ctx ends, the session ends, the membership is lost or a fn fails.
 func (r *shardRunner) loop(ctx context.Context, members *RWMutex) error {
 	cli := r.s.Client()
-	pfx := r.name + "/members/"
-	me := strings.TrimPrefix(members.Key(), pfx)
+	me := strings.TrimPrefix(members.Key(), r.name+"/members/")
 	backoff := minBackoff
 	for {
-		resp, err := cli.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		ms, rev, err := readMembers(ctx, cli, r.name, 0)
 		if err != nil {
 			if !transient(err) || !pause(ctx, &backoff) {
 				return r.end(ctx, err)
@@ -182,9 +180,13 @@ func (r *shardRunner) loop(ctx context.Context, members *RWMutex) error {
 			continue
 		}
 		backoff = minBackoff
-		r.reconcile(ctx, assign(r.n, memberIDs(pfx, resp.Kvs), me))
-		wctx, cancel := context.WithCancel(ctx)
-		wch := cli.Watch(streams.RequireLeader(wctx), pfx, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		r.reconcile(ctx, assign(r.n, ms, me))
+		// A member that joins (its Put) or leaves, or a weight set: read
+		// the membership again. So does a watch that ended.
+		wctx, cancel := context.WithCancel(streams.RequireLeader(ctx))
+		from := clientv3.WithRev(rev + 1)
+		mch := cli.Watch(wctx, r.name+"/members/", clientv3.WithPrefix(), from)
+		wch := cli.Watch(wctx, weightPrefix(r.name), clientv3.WithPrefix(), from)
 		changed := false
 		for !changed {
 			select {
@@ -200,9 +202,9 @@ func (r *shardRunner) loop(ctx context.Context, members *RWMutex) error {
 					cancel()
 					return r.err
 				}
+			case wr, ok := <-mch:
+				changed = !ok || wr.Err() != nil || len(wr.Events) > 0 || wr.Canceled
 			case wr, ok := <-wch:
-				// A member left, or joined (its Put), or the watch
-				// ended: read the membership again.
 				changed = !ok || wr.Err() != nil || len(wr.Events) > 0 || wr.Canceled
 			}
 		}
@@ -221,18 +223,49 @@ func (r *shardRunner) end(ctx context.Context, err error) error {
 	return err
 }
 
-// memberIDs returns the members' IDs (their lease in hex), sorted, from
-// the keys of the membership lock.
-func memberIDs(pfx string, kvs []*mvccpb.KeyValue) []string {
-	ids := make([]string, 0, len(kvs))
-	for _, kv := range kvs {
-		id := strings.TrimPrefix(string(kv.Key), pfx)
-		if id != "" && !strings.Contains(id, "/") {
-			ids = append(ids, id)
+// A member is a replica in the membership: its ID (its lease in hex, the
+// last part of its key under name/members/) and its weight.
+type member struct {
+	id     string
+	weight int
+}
+
+// readMembers reads the members of shard set name and their weights, in
+// one Txn, at revision rev (0: the latest), and returns them sorted by ID,
+// with the revision read.
+func readMembers(ctx context.Context, cli *clientv3.Client, name string, rev int64) ([]member, int64, error) {
+	pfx, wpfx := name+"/members/", weightPrefix(name)
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if rev != 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	resp, err := cli.Txn(ctx).Then(
+		clientv3.OpGet(pfx, append(opts, clientv3.WithKeysOnly())...),
+		clientv3.OpGet(wpfx, opts...),
+	).Commit()
+	if err != nil {
+		return nil, 0, err
+	}
+	weights := map[string]int{}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		if w, ok := parseWeight(kv.Value); ok {
+			weights[strings.TrimPrefix(string(kv.Key), wpfx)] = w
 		}
 	}
-	slices.Sort(ids)
-	return ids
+	var ms []member
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		if !isChild(pfx, kv.Key) {
+			continue // a nested lock's key
+		}
+		id := strings.TrimPrefix(string(kv.Key), pfx)
+		w, ok := weights[id]
+		if !ok {
+			w = FullShardWeight
+		}
+		ms = append(ms, member{id: id, weight: w})
+	}
+	slices.SortFunc(ms, func(a, b member) int { return strings.Compare(a.id, b.id) })
+	return ms, resp.Header.Revision, nil
 }
 
 // reconcile starts a run for each shard of mine that has none, and stops
@@ -304,24 +337,48 @@ func (r *shardRunner) stopAll() {
 	}
 }
 
-// assign returns which of n shards member me owns among members (sorted,
-// distinct): each shard, in order, goes to the member ranked highest for
-// it (rendezvous hashing) that has room, where each member has room for
-// ⌊n/m⌋ and n mod m of them for one more. Every replica that read the
-// same members computes the same assignment.
-func assign(n int, members []string, me string) []bool {
+// assign returns which of n shards member me owns among members (sorted
+// by ID, distinct): each shard, in order, goes to the member ranked
+// highest for it (rendezvous hashing) that has room. A member's room is
+// its share of n by weight, rounded down, and one more for as many
+// members as the rounding left shards over, among those it rounded down:
+// with equal weights, ⌊n/m⌋ each and n mod m of them one more. When every
+// weight is 0 they count as equal (a set whose every member drains keeps
+// running). Every replica that read the same members computes the same
+// assignment.
+func assign(n int, members []member, me string) []bool {
 	mine := make([]bool, n)
 	m := len(members)
 	if m == 0 {
 		return mine
 	}
-	base, extra := n/m, n%m
+	total := 0
+	for _, mb := range members {
+		total += mb.weight
+	}
+	equal := total == 0
+	if equal {
+		total = m
+	}
+	weight := func(j int) int {
+		if equal {
+			return 1
+		}
+		return members[j].weight
+	}
+	quota, round := make([]int, m), make([]bool, m)
+	extra := n
+	for j := range members {
+		quota[j] = n * weight(j) / total
+		round[j] = n*weight(j)%total != 0
+		extra -= quota[j]
+	}
 	count := make([]int, m)
 	order := make([]int, m)
 	score := make([]uint64, m)
 	for i := range n {
-		for j, id := range members {
-			order[j], score[j] = j, rank(id, i)
+		for j, mb := range members {
+			order[j], score[j] = j, rank(mb.id, i)
 		}
 		slices.SortFunc(order, func(a, b int) int {
 			switch {
@@ -330,15 +387,15 @@ func assign(n int, members []string, me string) []bool {
 			case score[a] < score[b]:
 				return 1
 			}
-			return strings.Compare(members[a], members[b])
+			return strings.Compare(members[a].id, members[b].id)
 		})
 		for _, j := range order {
-			if count[j] < base || (count[j] == base && extra > 0) {
-				if count[j] == base {
+			if count[j] < quota[j] || (count[j] == quota[j] && round[j] && extra > 0) {
+				if count[j] == quota[j] {
 					extra--
 				}
 				count[j]++
-				mine[i] = members[j] == me
+				mine[i] = members[j].id == me
 				break
 			}
 		}

@@ -3,15 +3,27 @@ package etcdlock
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
 // owners returns, for each of n shards, the member assign gives it.
 func owners(t *testing.T, n int, members []string) []string {
 	t.Helper()
+	ms := make([]member, len(members))
+	for i, id := range members {
+		ms[i] = member{id: id, weight: FullShardWeight}
+	}
+	return weighted(t, n, ms)
+}
+
+// weighted returns, for each of n shards, the member assign gives it.
+func weighted(t *testing.T, n int, ms []member) []string {
+	t.Helper()
 	own := make([]string, n)
-	for _, m := range members {
-		for i, mine := range assign(n, members, m) {
+	for _, mb := range ms {
+		m := mb.id
+		for i, mine := range assign(n, ms, m) {
 			if mine {
 				if own[i] != "" {
 					t.Fatalf("shard %d assigned to %s and %s", i, own[i], m)
@@ -70,6 +82,58 @@ func TestAssignBalancedAndStable(t *testing.T) {
 		t.Logf("n=%d: shards moved %.0f, at least %.0f (%.2fx); worst change %.2fx its least", n, moved, least, moved/max(least, 1), worst)
 		if n >= 64 && moved > 1.5*least {
 			t.Errorf("n=%d: %.0f shards moved where %.0f had to", n, moved, least)
+		}
+	}
+}
+
+// TestAssignWeights: a member's share follows its weight (drained: none;
+// half: about half a full one's), every shard keeps one owner, a drain
+// moves only the drained member's shards, and a set whose members all
+// drained runs as if none had.
+func TestAssignWeights(t *testing.T) {
+	ids := []string{"1a", "2b", "3c", "4d"}
+	full := func() []member {
+		ms := make([]member, len(ids))
+		for i, id := range ids {
+			ms[i] = member{id: id, weight: FullShardWeight}
+		}
+		return ms
+	}
+	const n = 64
+	before := weighted(t, n, full())
+	for _, c := range []struct {
+		weights []int
+		want    []int // shards each member owns
+	}{
+		{[]int{100, 100, 100, 0}, []int{21, 21, 21, 0}}, // 64/3: one gets 22
+		{[]int{100, 100, 50, 50}, []int{21, 21, 11, 11}},
+		{[]int{0, 0, 0, 0}, []int{16, 16, 16, 16}},
+		{[]int{0, 0, 0, 1}, []int{0, 0, 0, 64}},
+	} {
+		ms := full()
+		for i, w := range c.weights {
+			ms[i].weight = w
+		}
+		own := weighted(t, n, ms)
+		got := make([]int, len(ids))
+		sum := 0
+		for i, id := range ids {
+			got[i] = count(own, id)
+			sum += got[i]
+			if got[i] < c.want[i] || got[i] > c.want[i]+1 {
+				t.Errorf("weights %v: %s owns %d shards, want %d or one more", c.weights, id, got[i], c.want[i])
+			}
+		}
+		if sum != n || slices.Contains(own, "") {
+			t.Errorf("weights %v: %d of %d shards owned", c.weights, sum, n)
+		}
+		if slices.Equal(c.weights, []int{100, 100, 100, 0}) {
+			// The drained member's shards move, and few others.
+			mv, least := diff(before, own), count(before, ids[3])
+			t.Logf("a drain: %d shards moved, %d at least", mv, least)
+			if float64(mv) > 1.5*float64(least) {
+				t.Errorf("a drain moved %d shards where %d had to", mv, least)
+			}
 		}
 	}
 }

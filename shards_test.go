@@ -11,6 +11,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // A shardBook records which replica runs each shard's fn, and fails the
@@ -225,4 +226,67 @@ func TestRunShardsInvalid(t *testing.T) {
 			require.ErrorIs(t, etcdlock.RunShards(t.Context(), s, c.name, c.n, c.fn), c.want)
 		})
 	}
+}
+
+// TestRunShardsDrain: a replica drained (SetShardWeight 0) hands its
+// shards over and keeps running none while it stays a member; given its
+// weight back it takes its share again. InspectShards shows the members,
+// their weights, and every shard's owner where the assignment puts it.
+func TestRunShardsDrain(t *testing.T) {
+	t.Parallel()
+	const n = 12
+	lock := lockName(t)
+	b := newShardBook(t)
+	cli := newClient(t)
+	startReplica(t, b, lock, n, "a")
+	startReplica(t, b, lock, n, "b")
+	c := startReplica(t, b, lock, n, "c")
+	b.settled(n, "a", "b", "c")
+
+	require.NoError(t, etcdlock.SetShardWeight(t.Context(), cli, lock, c.s.Lease(), 0))
+	b.settled(n, "a", "b")
+	set := settledSet(t, cli, lock, n)
+	cID := fmt.Sprintf("%x", int64(c.s.Lease()))
+	require.Len(t, set.Members, 3)
+	for _, m := range set.Members {
+		if m.ID == cID {
+			require.Equal(t, 0, m.Weight)
+			require.Equal(t, 0, m.Owns)
+		} else {
+			require.Equal(t, etcdlock.FullShardWeight, m.Weight)
+			require.Equal(t, n/2, m.Owns)
+		}
+	}
+
+	require.NoError(t, etcdlock.SetShardWeight(t.Context(), cli, lock, c.s.Lease(), etcdlock.FullShardWeight))
+	b.settled(n, "a", "b", "c")
+	settledSet(t, cli, lock, n)
+
+	// Bad input: a weight out of range, a lease that is no member.
+	require.ErrorIs(t, etcdlock.SetShardWeight(t.Context(), cli, lock, c.s.Lease(), 101), etcdlock.ErrInvalidOption)
+	require.ErrorIs(t, etcdlock.SetShardWeight(t.Context(), cli, lock, c.s.Lease(), -1), etcdlock.ErrInvalidOption)
+	other := newSession(t, cli)
+	require.ErrorIs(t, etcdlock.SetShardWeight(t.Context(), cli, lock, other.Lease(), 0), etcdlock.ErrNotInQueue)
+	_, err := etcdlock.InspectShards(t.Context(), cli, lock, 0)
+	require.ErrorIs(t, err, etcdlock.ErrInvalidOption)
+}
+
+// settledSet reads the shard set until InspectShards agrees with it: every
+// shard owned where the assignment puts it (the book saw fns start before
+// etcd's view is read, so the first read may still show a hand-over).
+func settledSet(t *testing.T, cli *clientv3.Client, lock string, n int) *etcdlock.ShardSet {
+	t.Helper()
+	var set *etcdlock.ShardSet
+	require.Eventually(t, func() bool {
+		var err error
+		set, err = etcdlock.InspectShards(t.Context(), cli, lock, n)
+		require.NoError(t, err)
+		for _, sh := range set.Shards {
+			if sh.Moving() {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 20*time.Millisecond, "shards still moving")
+	return set
 }

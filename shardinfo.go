@@ -1,0 +1,185 @@
+package etcdlock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A shard set's weights and what it looks like from outside: the weight
+// records (SetShardWeight) and InspectShards.
+
+// FullShardWeight is a member's weight unless SetShardWeight set another:
+// a full share of the shards.
+const FullShardWeight = 100
+
+// ShardWeightPrefix starts the key of every weight record:
+// ShardWeightPrefix + the shard set's name + "/" + the member's lease ID
+// in hex. Like LockDelayPrefix it lies outside every lock's queue. A
+// replica of RunShards reads and watches its set's records (read
+// permission on ShardWeightPrefix + name + "/" and its range);
+// SetShardWeight writes one.
+const ShardWeightPrefix = "__etcdlock/weight/"
+
+// weightPrefix returns the prefix of the weight records of shard set name.
+func weightPrefix(name string) string { return ShardWeightPrefix + name + "/" }
+
+// parseWeight reads a weight record's value: a decimal from 0 to
+// FullShardWeight, as SetShardWeight writes it.
+func parseWeight(v []byte) (int, bool) {
+	w, err := strconv.Atoi(string(v))
+	return w, err == nil && w >= 0 && w <= FullShardWeight && strconv.Itoa(w) == string(v)
+}
+
+// SetShardWeight sets the weight of member (a replica's lease, its
+// Session's Lease) in the shard set name, from 0 to FullShardWeight: the
+// member's share of the shards is its weight over the sum of the
+// members' weights. 0 drains it: its shards are handed over to the
+// others (gracefully: each fn's ctx is cancelled, as for any move), and
+// it keeps running none until its weight rises again. FullShardWeight,
+// every member's weight unless set, gives it its share back. When every
+// member's weight is 0 they count as equal: a set keeps running when all
+// its members drain.
+//
+// A replica may set its own weight (s.Lease() of the Session it gave
+// RunShards), and so may an operator who knows the member's lease
+// (InspectShards, `etcdlock shards status`). The weight is kept in a
+// record bound to the member's lease (ShardWeightPrefix), so it goes
+// with the member. It returns an error matching ErrNotInQueue when
+// member is not in the set, and ErrInvalidOption for a weight out of
+// range.
+func SetShardWeight(ctx context.Context, cli *clientv3.Client, name string, member clientv3.LeaseID, weight int) error {
+	if weight < 0 || weight > FullShardWeight {
+		return errorf("%w: shard weight %d: it is from 0 to %d", ErrInvalidOption, weight, FullShardWeight)
+	}
+	if err := checkName(name); err != nil {
+		return err
+	}
+	id := fmt.Sprintf("%x", int64(member))
+	mkey := name + "/members/" + id
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(mkey), "=", member)).
+		Then(clientv3.OpPut(weightPrefix(name)+id, strconv.Itoa(weight), clientv3.WithLease(member))).
+		Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return errorf("%w: %s is not a member of the shard set %q", ErrNotInQueue, id, name)
+	}
+	return nil
+}
+
+// ShardSet is a shard set at one etcd revision, as InspectShards reads it.
+type ShardSet struct {
+	Name     string
+	Revision int64 // the etcd revision at which everything was read
+	// Members are the replicas in the set, by ID.
+	Members []ShardMember
+	// Shards are the n shards, by number.
+	Shards []ShardState
+}
+
+// A ShardMember is one replica of a shard set.
+type ShardMember struct {
+	ID       string           // its lease in hex, the last part of its keys
+	Lease    clientv3.LeaseID // its Session's lease
+	Identity string           // WithShardIdentity's, or ""
+	Weight   int              // FullShardWeight unless SetShardWeight set another
+	Owns     int              // how many shards it holds
+	Assigned int              // how many shards the assignment gives it
+}
+
+// A ShardState is one shard of a shard set.
+type ShardState struct {
+	Num int
+	// Owner is the ID of the member that holds the shard ("" for none:
+	// nobody has taken it yet, or a lock delay keeps it free), Token its
+	// hold's token, and Identity what WithShardIdentity recorded.
+	Owner    string
+	Token    int64
+	Identity string
+	// Assigned is the member the assignment gives the shard to, as every
+	// replica computes it from the members read: when it is not Owner,
+	// the shard is moving there (or Owner is not yet done).
+	Assigned string
+	// Waiting is how many keys wait in the shard's queue.
+	Waiting int
+}
+
+// Moving reports whether the shard is not yet where the assignment puts
+// it: it has no owner, or another member holds it.
+func (s ShardState) Moving() bool { return s.Owner != s.Assigned }
+
+// InspectShards reads the shard set name of n shards through cli: its
+// members with their weights, and each shard's owner, where the
+// assignment puts it, and how many wait for it. It needs no Session and
+// writes nothing. The shards are read as ListLocks reads locks (a lock
+// delay pending keeps a shard without owner), the members and weights at
+// the same revision. It returns etcd's error if a read fails.
+func InspectShards(ctx context.Context, cli *clientv3.Client, name string, n int) (*ShardSet, error) {
+	if n < 1 || n > MaxShards {
+		return nil, errorf("%w: %d shards: a shard set has 1 to %d", ErrInvalidOption, n, MaxShards)
+	}
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	l, err := ListLocks(ctx, cli, name+"/")
+	if err != nil {
+		return nil, err
+	}
+	ms, _, err := readMembers(ctx, cli, name, l.Revision)
+	if err != nil {
+		return nil, err
+	}
+	set := &ShardSet{Name: name, Revision: l.Revision, Shards: make([]ShardState, n)}
+	byID := map[string]*ShardMember{}
+	set.Members = make([]ShardMember, len(ms))
+	for j, mb := range ms {
+		lease, _ := strconv.ParseInt(mb.id, 16, 64)
+		set.Members[j] = ShardMember{ID: mb.id, Lease: clientv3.LeaseID(lease), Weight: mb.weight}
+		byID[mb.id] = &set.Members[j]
+	}
+	for i := range set.Shards {
+		set.Shards[i].Num = i
+	}
+	for _, mb := range ms {
+		for i, mine := range assign(n, ms, mb.id) {
+			if mine {
+				set.Shards[i].Assigned = mb.id
+				byID[mb.id].Assigned++
+			}
+		}
+	}
+	for _, lk := range l.Locks {
+		rest := strings.TrimPrefix(lk.Name, name+"/")
+		if rest == "members" {
+			for _, k := range lk.Holders {
+				if m := byID[keyID(k.Key)]; m != nil {
+					m.Identity = k.Identity
+				}
+			}
+			continue
+		}
+		i, err := strconv.Atoi(rest)
+		if err != nil || i < 0 || i >= n || strconv.Itoa(i) != rest {
+			continue // a lock of no shard
+		}
+		sh := &set.Shards[i]
+		sh.Waiting = lk.Waiters
+		if len(lk.Holders) > 0 {
+			h := lk.Holders[0]
+			sh.Owner, sh.Token, sh.Identity = keyID(h.Key), h.Token, h.Identity
+			if m := byID[sh.Owner]; m != nil {
+				m.Owns++
+			}
+		}
+	}
+	return set, nil
+}
+
+// keyID returns the last part of a lock's key: its lease in hex.
+func keyID(key string) string { return key[strings.LastIndexByte(key, '/')+1:] }
