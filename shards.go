@@ -290,7 +290,8 @@ func (r *shardRunner) start(ctx context.Context, i int) {
 	rctx, cancel := context.WithCancel(ctx)
 	run := &shardRun{num: i, cancel: cancel}
 	r.runs[i] = run
-	m := NewMutex(r.s, shardName(r.name, i), r.opts...)
+	m := new(Mutex)
+	m.init(r.s, shardName(r.name, i), KindShard, r.opts)
 	go func() {
 		defer cancel()
 		run.err = m.Do(rctx, func(fctx context.Context) error {
