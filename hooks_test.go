@@ -757,7 +757,7 @@ func BenchmarkHooks(b *testing.B) {
 
 // TestHooksShards: a shard RunShards runs is a hold of kind shard on
 // name/<shard>, acquired before fn starts and released once RunShards
-// has let it go; the membership is a read lock on name/members.
+// has let it go.
 func TestHooksShards(t *testing.T) {
 	t.Parallel()
 	rec := newRecorder()
@@ -779,9 +779,6 @@ func TestHooksShards(t *testing.T) {
 	i := slices.IndexFunc(rec.dones, shard)
 	require.GreaterOrEqual(t, i, 0, "no AcquireDone of kind shard before fn")
 	d := rec.dones[i]
-	require.True(t, slices.ContainsFunc(rec.dones, func(d etcdlock.AcquireDoneInfo) bool {
-		return d.Kind == etcdlock.KindRWMutexRead && d.Name == name+"/members"
-	}), "no membership read lock")
 	rec.mu.Unlock()
 	require.Equal(t, etcdlock.Acquired, d.Outcome)
 	require.Equal(t, name+"/0", d.Name)

@@ -82,10 +82,11 @@ func WithShardIdentity(identity string) ShardOption {
 //     A fn that ignores its ctx keeps its shard: it is never run twice.
 //     Each owner's token is greater than the last one's, so a fenced
 //     write (FencedWrite, etcdlocksql) of an earlier owner is refused.
-//   - Balanced. The replicas are those holding the read lock
-//     name/members (each RunShards holds it on its session). With m of
-//     them, once everyone has read the same membership, each owns
-//     ⌊n/m⌋ or ⌈n/m⌉ shards, and every shard has an owner.
+//   - Balanced. The replicas are the keys of name/members: each
+//     RunShards puts one there, a read lock's, bound to its session's
+//     lease. With m of them, once everyone has read the same membership,
+//     each owns ⌊n/m⌋ or ⌈n/m⌉ shards (weighted by SetShardWeight), and
+//     every shard has an owner.
 //   - Little movement. Each shard goes to the replica that ranks
 //     highest for it (rendezvous hashing) among those with room, so a
 //     replica that joins or leaves moves about n/m shards, not all.
@@ -100,7 +101,12 @@ func WithShardIdentity(identity string) ShardOption {
 //
 // RunShards returns when ctx ends (nil), when fn fails, or when the
 // session ends (its error), once every shard it ran is released and
-// every fn returned. It needs no clock agreement between replicas.
+// every fn returned; it leaves the membership then, unless the session
+// had ended. A replica that restarts within its TTL on its old lease
+// (WithLease) stays a member throughout and runs its shards again at
+// once, each as a new hold with a larger token: none moves meanwhile.
+// It needs no clock agreement between replicas. Run one RunShards per
+// Session and name.
 func RunShards(ctx context.Context, s *Session, name string, n int, fn func(ctx context.Context, sh Shard) error, opts ...ShardOption) error {
 	var o shardOptions
 	for _, opt := range opts {
@@ -121,21 +127,28 @@ func RunShards(ctx context.Context, s *Session, name string, n int, fn func(ctx 
 			return err
 		}
 	}
-	var member []MutexOption
 	if o.identity != "" {
-		member = append(member, WithIdentity(o.identity))
 		o.mutex = append(o.mutex[:len(o.mutex):len(o.mutex)], WithIdentity(o.identity))
 	}
-	members := NewRWMutex(s, name+"/members", member...)
-	if err := members.RLock(ctx); err != nil {
-		return err
-	}
 	r := &shardRunner{s: s, name: name, n: n, fn: fn, opts: o.mutex, runs: map[int]*shardRun{}, ended: make(chan *shardRun)}
-	err := r.loop(ctx, members)
+	r.me = fmt.Sprintf("%x", int64(s.Lease()))
+	r.member = KeyMode{Shared: true}.value()
+	if o.identity != "" {
+		r.member += "\n" + o.identity
+	}
+	err := r.join(ctx)
+	if err == nil {
+		err = r.loop(ctx)
+	}
 	r.stopAll()
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	_ = members.RUnlock(uctx) // else the session's lease removes it
+	if s.Err() == nil {
+		// Leave: else the lease removes the key when it ends. A session
+		// that ended (Orphan, its lease's end) leaves it to the lease,
+		// or to a successor that adopts the lease (WithLease).
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		_, _ = s.Client().Delete(uctx, r.memberKey())
+	}
 	return err
 }
 
@@ -145,15 +158,34 @@ func shardName(name string, i int) string { return name + "/" + strconv.Itoa(i) 
 // A shardRunner is one RunShards: the shards this replica runs or waits
 // for, and what it read of the membership.
 type shardRunner struct {
-	s     *Session
-	name  string
-	n     int
-	fn    func(context.Context, Shard) error
-	opts  []MutexOption
-	runs  map[int]*shardRun // by shard: waiting for it, running it, or releasing it
-	ended chan *shardRun    // a run's goroutine has returned
-	mine  []bool            // the shards this replica owns, as the membership last read says
-	err   error             // the first fn error
+	s      *Session
+	name   string
+	n      int
+	fn     func(context.Context, Shard) error
+	opts   []MutexOption
+	runs   map[int]*shardRun // by shard: waiting for it, running it, or releasing it
+	ended  chan *shardRun    // a run's goroutine has returned
+	mine   []bool            // the shards this replica owns, as the membership last read says
+	err    error             // the first fn error
+	me     string            // this replica's member ID: its lease in hex
+	member string            // the value of its membership key: a read lock's
+}
+
+// memberKey is this replica's membership key, name/members/<lease>.
+func (r *shardRunner) memberKey() string { return r.name + "/members/" + r.me }
+
+// join puts this replica's membership key, bound to its session's lease:
+// a read lock's key on name/members, as RWMutex.RLock would put it. A Put
+// keeps a key that exists: a replica that restarts on its old lease
+// (WithLease) is a member throughout, so no shard moves meanwhile.
+func (r *shardRunner) join(ctx context.Context) error {
+	backoff := minBackoff
+	for {
+		_, err := r.s.Client().Put(ctx, r.memberKey(), r.member, clientv3.WithLease(r.s.Lease()))
+		if err == nil || !transient(err) || !pause(ctx, &backoff) {
+			return r.end(ctx, err)
+		}
+	}
 }
 
 // A shardRun is one goroutine that takes a shard, runs fn on it and
@@ -167,9 +199,8 @@ type shardRun struct {
 
 // loop follows the membership and starts and stops runs to match it,
 // until ctx ends, the session ends, the membership is lost or a fn fails.
-func (r *shardRunner) loop(ctx context.Context, members *RWMutex) error {
+func (r *shardRunner) loop(ctx context.Context) error {
 	cli := r.s.Client()
-	me := strings.TrimPrefix(members.Key(), r.name+"/members/")
 	backoff := minBackoff
 	for {
 		ms, rev, err := readMembers(ctx, cli, r.name, 0)
@@ -180,7 +211,15 @@ func (r *shardRunner) loop(ctx context.Context, members *RWMutex) error {
 			continue
 		}
 		backoff = minBackoff
-		r.reconcile(ctx, assign(r.n, ms, me))
+		if !slices.ContainsFunc(ms, func(m member) bool { return m.id == r.me }) {
+			// Its key was deleted (an operator, etcdlock break): join
+			// again, or end with the session.
+			if err := r.join(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		r.reconcile(ctx, assign(r.n, ms, r.me))
 		// A member that joins (its Put) or leaves, or a weight set: read
 		// the membership again. So does a watch that ended.
 		wctx, cancel := context.WithCancel(streams.RequireLeader(ctx))
@@ -193,9 +232,9 @@ func (r *shardRunner) loop(ctx context.Context, members *RWMutex) error {
 			case <-ctx.Done():
 				cancel()
 				return r.end(ctx, nil)
-			case <-members.Done():
+			case <-r.s.Done():
 				cancel()
-				return r.end(ctx, members.Err())
+				return r.end(ctx, r.s.Err())
 			case run := <-r.ended:
 				r.runEnded(ctx, run)
 				if r.err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -23,11 +24,12 @@ type shardBook struct {
 	running map[int]string // shard -> replica running its fn
 	token   map[int]int64  // shard -> the last owner's token
 	starts  int
+	startOn map[string]int // replica -> fns started there
 	changed chan struct{} // capacity 1: someone started or stopped
 }
 
 func newShardBook(t *testing.T) *shardBook {
-	return &shardBook{t: t, running: map[int]string{}, token: map[int]int64{}, changed: make(chan struct{}, 1)}
+	return &shardBook{t: t, running: map[int]string{}, token: map[int]int64{}, startOn: map[string]int{}, changed: make(chan struct{}, 1)}
 }
 
 // fn is RunShards's fn for replica r: it runs until its ctx ends.
@@ -42,6 +44,7 @@ func (b *shardBook) fn(r string) func(context.Context, etcdlock.Shard) error {
 		}
 		b.running[sh.Num], b.token[sh.Num] = r, sh.Token
 		b.starts++
+		b.startOn[r]++
 		b.mu.Unlock()
 		b.signal()
 		<-ctx.Done()
@@ -51,6 +54,20 @@ func (b *shardBook) fn(r string) func(context.Context, etcdlock.Shard) error {
 		b.signal()
 		return nil
 	}
+}
+
+// startsOn and runningOn are how many fns started on replica r, and the
+// shards it runs now; called with b.mu held.
+func (b *shardBook) startsOn(r string) int { return b.startOn[r] }
+
+func (b *shardBook) runningOn(r string) []int {
+	var out []int
+	for i, o := range b.running {
+		if o == r {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 func (b *shardBook) signal() {
@@ -289,4 +306,47 @@ func settledSet(t *testing.T, cli *clientv3.Client, lock string, n int) *etcdloc
 		return true
 	}, time.Minute, 20*time.Millisecond, "shards still moving")
 	return set
+}
+
+// TestRunShardsRestartKeepsShards: a replica that restarts within its TTL
+// on its old lease (WithLease) runs its shards again, each as a new hold
+// with a larger token, and none of them moves to another replica
+// meanwhile.
+func TestRunShardsRestartKeepsShards(t *testing.T) {
+	t.Parallel()
+	const n = 8
+	lock := lockName(t)
+	b := newShardBook(t)
+	cli := newClient(t)
+	a := startReplica(t, b, lock, n, "a")
+	startReplica(t, b, lock, n, "b")
+	own := b.settled(n, "a", "b")
+	b.mu.Lock()
+	before := maps.Clone(b.token)
+	startsB := b.startsOn("b")
+	b.mu.Unlock()
+
+	// a dies: its session is orphaned, its lease left to run out.
+	a.s.Orphan()
+	require.Error(t, a.wait())
+	b.mu.Lock()
+	require.Empty(t, b.runningOn("a"), "a's fns still run after its session ended")
+	b.mu.Unlock()
+
+	// Its successor adopts the lease within the TTL.
+	s := newSession(t, cli, etcdlock.WithLease(a.s.Lease()))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- etcdlock.RunShards(ctx, s, lock, n, b.fn("a")) }()
+	t.Cleanup(func() { cancel(); <-done })
+	next := b.settled(n, "a", "b")
+	require.Equal(t, 0, moved(own, next), "shards moved across a restart")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	require.Equal(t, startsB, b.startsOn("b"), "b ran one of a's shards meanwhile")
+	for i, r := range own {
+		if r == "a" {
+			require.Greater(t, b.token[i], before[i], "shard %d: a restart is a new hold", i)
+		}
+	}
 }
