@@ -350,3 +350,53 @@ func TestRunShardsRestartKeepsShards(t *testing.T) {
 		}
 	}
 }
+
+// TestRunShardsStubbornFn: a fn that ignores its ctx keeps its shard when
+// the shard moves: the next owner waits, InspectShards shows the shard
+// moving with its successor waiting, and the shard starts there only once
+// fn returned.
+func TestRunShardsStubbornFn(t *testing.T) {
+	t.Parallel()
+	const n = 2
+	lock := lockName(t)
+	cli := newClient(t)
+	b := newShardBook(t)
+	release := make(chan struct{})
+	sa := newSession(t, cli)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	stubborn := b.fn("a")
+	go func() {
+		done <- etcdlock.RunShards(ctx, sa, lock, n, func(ctx context.Context, sh etcdlock.Shard) error {
+			// Ignore ctx: run until the test lets go.
+			ended, stop := context.WithCancel(context.WithoutCancel(ctx))
+			go func() { <-release; stop() }()
+			return stubborn(ended, sh)
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	b.settled(n, "a")
+
+	startReplica(t, b, lock, n, "b")
+	require.NoError(t, etcdlock.SetShardWeight(t.Context(), cli, lock, sa.Lease(), 0))
+	// Both shards are b's now; a keeps them while its fns run.
+	var set *etcdlock.ShardSet
+	require.Eventually(t, func() bool {
+		var err error
+		set, err = etcdlock.InspectShards(t.Context(), cli, lock, n)
+		require.NoError(t, err)
+		return set.Shards[0].Waiting == 1 && set.Shards[1].Waiting == 1
+	}, time.Minute, 20*time.Millisecond, "b never queued for the shards a keeps")
+	aID := fmt.Sprintf("%x", int64(sa.Lease()))
+	for _, sh := range set.Shards {
+		require.Equal(t, aID, sh.Owner)
+		require.True(t, sh.Moving(), "shard %d: a keeps it, b is assigned it", sh.Num)
+	}
+	b.mu.Lock()
+	require.Len(t, b.runningOn("a"), n)
+	require.Zero(t, b.startsOn("b"), "b ran a shard a's fn still runs")
+	b.mu.Unlock()
+
+	close(release)
+	b.settled(n, "b")
+}
