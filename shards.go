@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/etcdlock/etcdlock/internal/streams"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -262,51 +260,6 @@ func (r *shardRunner) end(ctx context.Context, err error) error {
 	return err
 }
 
-// A member is a replica in the membership: its ID (its lease in hex, the
-// last part of its key under name/members/) and its weight.
-type member struct {
-	id     string
-	weight int
-}
-
-// readMembers reads the members of shard set name and their weights, in
-// one Txn, at revision rev (0: the latest), and returns them sorted by ID,
-// with the revision read.
-func readMembers(ctx context.Context, cli *clientv3.Client, name string, rev int64) ([]member, int64, error) {
-	pfx, wpfx := name+"/members/", weightPrefix(name)
-	opts := []clientv3.OpOption{clientv3.WithPrefix()}
-	if rev != 0 {
-		opts = append(opts, clientv3.WithRev(rev))
-	}
-	resp, err := cli.Txn(ctx).Then(
-		clientv3.OpGet(pfx, append(opts, clientv3.WithKeysOnly())...),
-		clientv3.OpGet(wpfx, opts...),
-	).Commit()
-	if err != nil {
-		return nil, 0, err
-	}
-	weights := map[string]int{}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if w, ok := parseWeight(kv.Value); ok {
-			weights[strings.TrimPrefix(string(kv.Key), wpfx)] = w
-		}
-	}
-	var ms []member
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		if !isChild(pfx, kv.Key) {
-			continue // a nested lock's key
-		}
-		id := strings.TrimPrefix(string(kv.Key), pfx)
-		w, ok := weights[id]
-		if !ok {
-			w = FullShardWeight
-		}
-		ms = append(ms, member{id: id, weight: w})
-	}
-	slices.SortFunc(ms, func(a, b member) int { return strings.Compare(a.id, b.id) })
-	return ms, resp.Header.Revision, nil
-}
-
 // reconcile starts a run for each shard of mine that has none, and stops
 // each run of a shard not mine. A shard whose run is stopping is started
 // again once it ended (runEnded).
@@ -375,89 +328,4 @@ func (r *shardRunner) stopAll() {
 		run := <-r.ended
 		delete(r.runs, run.num)
 	}
-}
-
-// assign returns which of n shards member me owns among members (sorted
-// by ID, distinct): each shard, in order, goes to the member ranked
-// highest for it (rendezvous hashing) that has room. A member's room is
-// its share of n by weight, rounded down, and one more for as many
-// members as the rounding left shards over, among those it rounded down:
-// with equal weights, ⌊n/m⌋ each and n mod m of them one more. When every
-// weight is 0 they count as equal (a set whose every member drains keeps
-// running). Every replica that read the same members computes the same
-// assignment.
-func assign(n int, members []member, me string) []bool {
-	mine := make([]bool, n)
-	m := len(members)
-	if m == 0 {
-		return mine
-	}
-	total := 0
-	for _, mb := range members {
-		total += mb.weight
-	}
-	equal := total == 0
-	if equal {
-		total = m
-	}
-	weight := func(j int) int {
-		if equal {
-			return 1
-		}
-		return members[j].weight
-	}
-	quota, round := make([]int, m), make([]bool, m)
-	extra := n
-	for j := range members {
-		quota[j] = n * weight(j) / total
-		round[j] = n*weight(j)%total != 0
-		extra -= quota[j]
-	}
-	count := make([]int, m)
-	order := make([]int, m)
-	score := make([]uint64, m)
-	for i := range n {
-		for j, mb := range members {
-			order[j], score[j] = j, rank(mb.id, i)
-		}
-		slices.SortFunc(order, func(a, b int) int {
-			switch {
-			case score[a] > score[b]:
-				return -1
-			case score[a] < score[b]:
-				return 1
-			}
-			return strings.Compare(members[a].id, members[b].id)
-		})
-		for _, j := range order {
-			if count[j] < quota[j] || (count[j] == quota[j] && round[j] && extra > 0) {
-				if count[j] == quota[j] {
-					extra--
-				}
-				count[j]++
-				mine[i] = members[j].id == me
-				break
-			}
-		}
-	}
-	return mine
-}
-
-// rank is member's rendezvous score for shard i.
-func rank(member string, i int) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(member))
-	h.Write([]byte{'/'})
-	h.Write([]byte(strconv.Itoa(i)))
-	return mix(h.Sum64())
-}
-
-// mix spreads the bits of x (FNV's low bits are weak for short inputs).
-func mix(x uint64) uint64 {
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	x *= 0xc4ceb9fe1a85ec53
-	x ^= x >> 33
-	return x
 }
