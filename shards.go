@@ -170,7 +170,7 @@ type shardRunner struct {
 }
 
 // memberKey is this replica's membership key, name/members/<lease>.
-func (r *shardRunner) memberKey() string { return r.name + "/members/" + r.me }
+func (r *shardRunner) memberKey() string { return membersPrefix(r.name) + r.me }
 
 // join puts this replica's membership key, bound to its session's lease:
 // a read lock's key on name/members, as RWMutex.RLock would put it. A Put
@@ -221,9 +221,7 @@ func (r *shardRunner) loop(ctx context.Context) error {
 		// A member that joins (its Put) or leaves, or a weight set: read
 		// the membership again. So does a watch that ended.
 		wctx, cancel := context.WithCancel(streams.RequireLeader(ctx))
-		from := clientv3.WithRev(rev + 1)
-		mch := cli.Watch(wctx, r.name+"/members/", clientv3.WithPrefix(), from)
-		wch := cli.Watch(wctx, weightPrefix(r.name), clientv3.WithPrefix(), from)
+		wch := cli.Watch(wctx, membersPrefix(r.name), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		changed := false
 		for !changed {
 			select {
@@ -239,8 +237,6 @@ func (r *shardRunner) loop(ctx context.Context) error {
 					cancel()
 					return r.err
 				}
-			case wr, ok := <-mch:
-				changed = !ok || wr.Err() != nil || len(wr.Events) > 0 || wr.Canceled
 			case wr, ok := <-wch:
 				changed = !ok || wr.Err() != nil || len(wr.Events) > 0 || wr.Canceled
 			}

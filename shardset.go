@@ -19,16 +19,16 @@ import (
 // a full share of the shards.
 const FullShardWeight = 100
 
-// ShardWeightPrefix starts the key of every weight record:
-// ShardWeightPrefix + the shard set's name + "/" + the member's lease ID
-// in hex. Like LockDelayPrefix it lies outside every lock's queue. A
-// replica of RunShards reads and watches its set's records (read
-// permission on ShardWeightPrefix + name + "/" and its range);
-// SetShardWeight writes one.
-const ShardWeightPrefix = "__etcdlock/weight/"
+// membersPrefix returns the prefix of the keys of shard set name's
+// members: name/members/<lease ID in hex>, a read lock's key on
+// name/members, and beside it a member's weight record, when it has one,
+// name/members/<lease ID in hex>/weight. Both lie under name/, so a role
+// that may use the set's shards may use these too, and one range and one
+// watch cover both.
+func membersPrefix(name string) string { return name + "/members/" }
 
-// weightPrefix returns the prefix of the weight records of shard set name.
-func weightPrefix(name string) string { return ShardWeightPrefix + name + "/" }
+// weightSuffix ends the key of a member's weight record.
+const weightSuffix = "/weight"
 
 // parseWeight reads a weight record's value: a decimal from 0 to
 // FullShardWeight, as SetShardWeight writes it.
@@ -50,8 +50,9 @@ func parseWeight(v []byte) (int, bool) {
 // A replica may set its own weight (s.Lease() of the Session it gave
 // RunShards), and so may an operator who knows the member's lease
 // (InspectShards, `etcdlock shards status`). The weight is kept in a
-// record bound to the member's lease (ShardWeightPrefix), so it goes
-// with the member. It returns an error matching ErrNotInQueue when
+// record bound to the member's lease, name/members/<lease>/weight, so it
+// goes with the member, and a successor that adopts the lease
+// (WithLease) keeps it. It returns an error matching ErrNotInQueue when
 // member is not in the set, and ErrInvalidOption for a weight out of
 // range.
 func SetShardWeight(ctx context.Context, cli *clientv3.Client, name string, member clientv3.LeaseID, weight int) error {
@@ -62,10 +63,10 @@ func SetShardWeight(ctx context.Context, cli *clientv3.Client, name string, memb
 		return err
 	}
 	id := fmt.Sprintf("%x", int64(member))
-	mkey := name + "/members/" + id
+	mkey := membersPrefix(name) + id
 	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.LeaseValue(mkey), "=", member)).
-		Then(clientv3.OpPut(weightPrefix(name)+id, strconv.Itoa(weight), clientv3.WithLease(member))).
+		Then(clientv3.OpPut(mkey+weightSuffix, strconv.Itoa(weight), clientv3.WithLease(member))).
 		Commit()
 	if err != nil {
 		return err
@@ -195,38 +196,34 @@ type member struct {
 }
 
 // readMembers reads the members of shard set name and their weights, in
-// one Txn, at revision rev (0: the latest), and returns them sorted by ID,
-// with the revision read.
+// one range, at revision rev (0: the latest), and returns them sorted by
+// ID, with the revision read.
 func readMembers(ctx context.Context, cli *clientv3.Client, name string, rev int64) ([]member, int64, error) {
-	pfx, wpfx := name+"/members/", weightPrefix(name)
+	pfx := membersPrefix(name)
 	opts := []clientv3.OpOption{clientv3.WithPrefix()}
 	if rev != 0 {
 		opts = append(opts, clientv3.WithRev(rev))
 	}
-	resp, err := cli.Txn(ctx).Then(
-		clientv3.OpGet(pfx, append(opts, clientv3.WithKeysOnly())...),
-		clientv3.OpGet(wpfx, opts...),
-	).Commit()
+	resp, err := cli.Get(ctx, pfx, opts...)
 	if err != nil {
 		return nil, 0, err
 	}
 	weights := map[string]int{}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if w, ok := parseWeight(kv.Value); ok {
-			weights[strings.TrimPrefix(string(kv.Key), wpfx)] = w
+	var ms []member
+	for _, kv := range resp.Kvs {
+		key := strings.TrimPrefix(string(kv.Key), pfx)
+		if id, ok := strings.CutSuffix(key, weightSuffix); ok && id != "" && !strings.Contains(id, "/") {
+			if w, ok := parseWeight(kv.Value); ok {
+				weights[id] = w
+			}
+		} else if key != "" && !strings.Contains(key, "/") {
+			ms = append(ms, member{id: key, weight: FullShardWeight})
 		}
 	}
-	var ms []member
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		if !isChild(pfx, kv.Key) {
-			continue // a nested lock's key
+	for i := range ms {
+		if w, ok := weights[ms[i].id]; ok {
+			ms[i].weight = w
 		}
-		id := strings.TrimPrefix(string(kv.Key), pfx)
-		w, ok := weights[id]
-		if !ok {
-			w = FullShardWeight
-		}
-		ms = append(ms, member{id: id, weight: w})
 	}
 	slices.SortFunc(ms, func(a, b member) int { return strings.Compare(a.id, b.id) })
 	return ms, resp.Header.Revision, nil
