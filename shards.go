@@ -180,6 +180,9 @@ func (r *shardRunner) join(ctx context.Context) error {
 	backoff := minBackoff
 	for {
 		_, err := r.s.Client().Put(ctx, r.memberKey(), r.member, clientv3.WithLease(r.s.Lease()))
+		if refused(err) {
+			return shardsRefusedErr(r.name, err)
+		}
 		if err == nil || !transient(err) || !pause(ctx, &backoff) {
 			return r.end(ctx, err)
 		}
@@ -202,6 +205,9 @@ func (r *shardRunner) loop(ctx context.Context) error {
 	backoff := minBackoff
 	for {
 		ms, rev, err := readMembers(ctx, cli, r.name, 0)
+		if refused(err) {
+			return shardsRefusedErr(r.name, err)
+		}
 		if err != nil {
 			if !transient(err) || !pause(ctx, &backoff) {
 				return r.end(ctx, err)

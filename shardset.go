@@ -68,6 +68,9 @@ func SetShardWeight(ctx context.Context, cli *clientv3.Client, name string, memb
 		If(clientv3.Compare(clientv3.LeaseValue(mkey), "=", member)).
 		Then(clientv3.OpPut(mkey+weightSuffix, strconv.Itoa(weight), clientv3.WithLease(member))).
 		Commit()
+	if refused(err) {
+		return shardsRefusedErr(name, err)
+	}
 	if err != nil {
 		return err
 	}
@@ -136,6 +139,9 @@ func InspectShards(ctx context.Context, cli *clientv3.Client, name string, n int
 		return nil, err
 	}
 	ms, _, err := readMembers(ctx, cli, name, l.Revision)
+	if refused(err) {
+		return nil, readRefusedErr("a shard set's members", membersPrefix(name), err)
+	}
 	if err != nil {
 		return nil, err
 	}
