@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -167,12 +168,12 @@ func startReplica(t *testing.T, b *shardBook, lock string, n int, name string) *
 }
 
 // runReplica runs RunShards on s, with fn, until the test ends.
-func runReplica(t *testing.T, s *etcdlock.Session, lock string, n int, name string, fn func(context.Context, etcdlock.Shard) error) *replica {
+func runReplica(t *testing.T, s *etcdlock.Session, lock string, n int, name string, fn func(context.Context, etcdlock.Shard) error, opts ...etcdlock.ShardOption) *replica {
 	ctx, cancel := context.WithCancel(t.Context())
 	r := &replica{name: name, s: s, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
-		r.err = etcdlock.RunShards(ctx, s, lock, n, fn)
+		r.err = etcdlock.RunShards(ctx, s, lock, n, fn, opts...)
 	}()
 	t.Cleanup(func() { cancel(); <-r.done })
 	return r
@@ -413,37 +414,55 @@ func TestRunShardsStubbornFn(t *testing.T) {
 
 // TestRunShardsCrash: a replica that dies (its session orphaned: no
 // keepalives, no release) stops its fns at once, and its shards start on
-// the others only once its lease has ended in etcd, never sooner.
+// the others only once its lease has ended in etcd, never sooner; with a
+// lock delay, only once the delay has passed too.
 func TestRunShardsCrash(t *testing.T) {
 	t.Parallel()
+	for _, delay := range []time.Duration{0, time.Second} {
+		t.Run(fmt.Sprintf("delay=%v", delay), func(t *testing.T) {
+			t.Parallel()
+			testRunShardsCrash(t, delay)
+		})
+	}
+}
+
+func testRunShardsCrash(t *testing.T, delay time.Duration) {
 	const n = 6
 	lock := lockName(t)
 	cli := newClient(t)
 	b := newShardBook(t)
 	ttl := etcdlock.WithTTL(2 * time.Second)
-	a := runReplica(t, newSession(t, cli, ttl), lock, n, "a", b.fn("a"))
-	var early []int // shards of a's started while its lease lived
+	var opts []etcdlock.ShardOption
+	if delay > 0 {
+		opts = append(opts, etcdlock.WithShardMutexOptions(etcdlock.WithLockDelay(delay)))
+	}
+	a := runReplica(t, newSession(t, cli, ttl), lock, n, "a", b.fn("a"), opts...)
+	var early []string // a's shards started while its lease or delay lived
 	var mu sync.Mutex
 	bfn := b.fn("b")
 	runReplica(t, newSession(t, cli, ttl), lock, n, "b", func(ctx context.Context, sh etcdlock.Shard) error {
-		if a.s.Err() != nil { // a has died: is its lease gone?
+		if a.s.Err() != nil { // a has died: are its lease and delay gone?
 			ttl, err := cli.TimeToLive(ctx, a.s.Lease())
+			q, qerr := etcdlock.InspectLock(ctx, cli, sh.Key()[:strings.LastIndexByte(sh.Key(), '/')])
+			mu.Lock()
 			if err == nil && ttl.TTL > 0 {
-				mu.Lock()
-				early = append(early, sh.Num)
-				mu.Unlock()
+				early = append(early, fmt.Sprintf("shard %d: a's lease lives", sh.Num))
 			}
+			if qerr == nil && len(q.Delays) > 0 {
+				early = append(early, fmt.Sprintf("shard %d: a delay is pending", sh.Num))
+			}
+			mu.Unlock()
 		}
 		return bfn(ctx, sh)
-	})
+	}, opts...)
 	own := b.settled(n, "a", "b")
 
 	died := time.Now()
 	a.s.Orphan()
 	require.ErrorIs(t, a.wait(), etcdlock.ErrSessionClosed)
 	next := b.settled(n, "b")
-	t.Logf("a died: %d shards moved (its own: %d) in %v, its TTL 2s", moved(own, next), count(own, "a"), time.Since(died).Round(10*time.Millisecond))
+	t.Logf("a died: %d shards moved (its own: %d) in %v, its TTL 2s, lock delay %v", moved(own, next), count(own, "a"), time.Since(died).Round(10*time.Millisecond), delay)
 	mu.Lock()
 	defer mu.Unlock()
-	require.Empty(t, early, "shards of a started on b while a's lease lived")
+	require.Empty(t, early, "shards of a started on b too soon")
 }
