@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -465,4 +466,26 @@ func testRunShardsCrash(t *testing.T, delay time.Duration) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Empty(t, early, "shards of a started on b too soon")
+}
+
+// TestRunShardsPartitioned: a replica cut off from etcd keeps running its
+// shards while its lease may live, and stops each fn before its lease can
+// end in etcd: the holder is told first, so the others start its shards
+// only after its fns returned (the book allows no overlap here).
+func TestRunShardsPartitioned(t *testing.T) {
+	t.Parallel()
+	const n = 6
+	lock := lockName(t)
+	b := newShardBook(t)
+	px := etcdtest.NewProxy(t, endpoints[0])
+	acli := cluster.Client(t, clientv3.Config{Endpoints: []string{px.URL()}})
+	a := runReplica(t, cutSession(t, acli, etcdlock.WithTTL(3*time.Second)), lock, n, "a", b.fn("a"))
+	startReplica(t, b, lock, n, "b")
+	own := b.settled(n, "a", "b")
+
+	cut := time.Now()
+	px.Cut()
+	next := b.settled(n, "b")
+	t.Logf("a cut off: %d shards moved (its own: %d) in %v, its TTL 3s", moved(own, next), count(own, "a"), time.Since(cut).Round(10*time.Millisecond))
+	require.ErrorIs(t, a.wait(), etcdlock.ErrSessionExpired)
 }
