@@ -28,10 +28,12 @@ type cmdWatch struct {
 	stderr  io.Writer
 
 	// ended is closed when the hold ends (lost, or for a shard moved);
-	// why then says why: the message that stopping CMD begins with, and
-	// the error that ended the hold.
-	ended <-chan struct{}
-	why   func() (string, error)
+	// why then returns the error that ended it (nil for a move), and
+	// stopMsg the message that stopping CMD begins with, given the
+	// error the hold is known lost with (nil if none).
+	ended   <-chan struct{}
+	why     func() error
+	stopMsg func(lostErr error) string
 	// asked gets a value when the holder is asked to release, and
 	// onAsked acts on it; nil when nobody asks.
 	asked   <-chan struct{}
@@ -114,12 +116,11 @@ func (w *cmdWatch) watch() cmdEnd {
 			return end
 		case <-ended:
 			ended = nil
-			msg, err := w.why()
-			if end.lostErr == nil || end.stoppedEarly {
+			if err := w.why(); end.lostErr == nil || end.stoppedEarly {
 				end.lostErr = err
 			}
 			now := time.Now()
-			stop(msg, now, minTime(now.Add(grace), killBy()))
+			stop(w.stopMsg(end.lostErr), now, minTime(now.Add(grace), killBy()))
 		case <-w.renewed:
 			ch.deadline(killBy().Add(lead))
 		case <-jeopardy.C:

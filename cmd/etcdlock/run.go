@@ -867,10 +867,12 @@ func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer
 
 	w := &cmdWatch{ch: ch, waitc: waitc, s: r.s, renewed: r.renewed, grace: grace, cmdName: cmdName, held: held, stderr: stderr,
 		ended: lost,
-		why: func() (string, error) {
+		why: func() error {
 			r.lost = true
-			err := cmp.Or(m.Err(), etcdlock.ErrLockLost)
-			return fmt.Sprintf("lost %s while %s ran (%s)", held, cmdName, detail(err)), err
+			return cmp.Or(m.Err(), etcdlock.ErrLockLost)
+		},
+		stopMsg: func(lostErr error) string {
+			return fmt.Sprintf("lost %s while %s ran (%s)", held, cmdName, detail(lostErr))
 		},
 		asked: asked,
 		onAsked: func() {

@@ -415,19 +415,25 @@ func (r *shardsRun) runShard(ctx context.Context, sh etcdlock.Shard) error {
 	}
 	w := &cmdWatch{ch: ch, waitc: waitc, s: r.s, renewed: sub.renewed, grace: r.grace, cmdName: cmdName, held: held, stderr: r.stderr,
 		ended: ctx.Done(),
-		why: func() (string, error) {
-			cause := context.Cause(ctx)
-			switch {
+		why: func() error {
+			switch cause := context.Cause(ctx); {
 			case r.leaving.Load():
-				return fmt.Sprintf("leaving %s", held), nil
-			case errors.Is(cause, etcdlock.ErrLockLost), r.s.Err() != nil:
-				err := cause
-				if r.s.Err() != nil {
-					err = r.s.Err()
-				}
-				return fmt.Sprintf("lost %s while %s ran (%s)", held, cmdName, detail(err)), err
+				return nil
+			case r.s.Err() != nil:
+				return r.s.Err()
+			case errors.Is(cause, etcdlock.ErrLockLost):
+				return cause
 			}
-			return fmt.Sprintf("%s moves to another replica", held), nil
+			return nil // moved
+		},
+		stopMsg: func(lostErr error) string {
+			switch {
+			case lostErr != nil:
+				return fmt.Sprintf("lost %s while %s ran (%s)", held, cmdName, detail(lostErr))
+			case r.leaving.Load():
+				return "leaving " + held
+			}
+			return held + " moves to another replica"
 		},
 		sigc:     sub.sigc,
 		onSignal: func(sig os.Signal) { ch.signal(sig) },
