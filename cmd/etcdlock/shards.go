@@ -335,6 +335,9 @@ func (r *shardsRun) main() error {
 		return err // CMD could not be started; the message says which shard
 	case s.Err() != nil:
 		return failf(exitLost, "left the shard set %q: the session ended (%s); every CMD was stopped", r.name, detail(s.Err()))
+	case errors.Is(err, etcdlock.ErrLockLost):
+		// Its membership key was deleted (etcdlock break NAME/members).
+		return failf(exitLost, "left the shard set %q: %s; every CMD was stopped", r.name, detail(err))
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("shard set %q: no answer from etcd within %v (--command-timeout)", r.name, r.conn.commandTimeout)
 	}
