@@ -63,7 +63,8 @@ gone, and etcdlock exits 0 once all are; a second SIGINT or SIGTERM is
 passed on to every CMD. SIGHUP is passed on to every CMD, and the replica
 runs on. If the session's lease ends (etcd out of reach for --ttl, or the
 lease revoked), every CMD is stopped and etcdlock exits 6: start it again
-(a service manager's restart) to rejoin.
+(a service manager's restart) to rejoin. It does the same when its key under
+NAME/members is deleted.
 
 Each CMD runs in a process group of its own with standard input
 /dev/null, its output etcdlock's. On Linux each runs under a supervisor,
