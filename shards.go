@@ -91,7 +91,9 @@ func WithShardIdentity(identity string) ShardOption {
 //
 // A shard that moves is handed over: its owner's fn's ctx is cancelled,
 // the shard is released once fn returned, and the next owner, waiting in
-// the shard's queue, starts. fn's ctx also ends when the shard is lost
+// the shard's queue, starts. When ctx ends, this replica leaves the
+// membership first, so that the others queue for its shards, then ends
+// every fn's ctx likewise. fn's ctx also ends when the shard is lost
 // (its key deleted, the session ended), with context.Cause matching
 // ErrLockLost. A fn that returns nil while it still owns the shard is
 // called again after a pause; one that returns an error ends RunShards,
@@ -129,6 +131,9 @@ func RunShards(ctx context.Context, s *Session, name string, n int, fn func(ctx 
 		o.mutex = append(o.mutex[:len(o.mutex):len(o.mutex)], WithIdentity(o.identity))
 	}
 	r := &shardRunner{s: s, name: name, n: n, fn: fn, opts: o.mutex, runs: map[int]*shardRun{}, ended: make(chan *shardRun)}
+	// The runs outlive ctx by the moment it takes to leave (below):
+	// stopAll ends them.
+	r.base = context.WithoutCancel(ctx)
 	r.me = fmt.Sprintf("%x", int64(s.Lease()))
 	r.member = KeyMode{Shared: true}.value()
 	if o.identity != "" {
@@ -138,15 +143,17 @@ func RunShards(ctx context.Context, s *Session, name string, n int, fn func(ctx 
 	if err == nil {
 		err = r.loop(ctx)
 	}
-	r.stopAll()
 	if s.Err() == nil {
-		// Leave: else the lease removes the key when it ends. A session
-		// that ended (Orphan, its lease's end) leaves it to the lease,
-		// or to a successor that adopts the lease (WithLease).
+		// Leave, before the shards are released, so that the others
+		// queue for them at once: else the lease would remove the key
+		// when it ends. A session that ended (Orphan, its lease's end)
+		// leaves it to the lease, or to a successor that adopts the
+		// lease (WithLease).
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		_, _ = s.Client().Delete(uctx, r.memberKey())
 	}
+	r.stopAll()
 	return err
 }
 
@@ -163,6 +170,7 @@ type shardRunner struct {
 	opts   []MutexOption
 	runs   map[int]*shardRun // by shard: waiting for it, running it, or releasing it
 	ended  chan *shardRun    // a run's goroutine has returned
+	base   context.Context   // the runs' context: ctx's values, not its end
 	mine   []bool            // the shards this replica owns, as the membership last read says
 	err    error             // the first fn error
 	me     string            // this replica's member ID: its lease in hex
@@ -270,7 +278,7 @@ func (r *shardRunner) reconcile(ctx context.Context, mine []bool) {
 		run := r.runs[i]
 		switch {
 		case want && run == nil:
-			r.start(ctx, i)
+			r.start(i)
 		case !want && run != nil && !run.stopped:
 			run.stopped = true
 			run.cancel()
@@ -280,8 +288,8 @@ func (r *shardRunner) reconcile(ctx context.Context, mine []bool) {
 }
 
 // start starts the run of shard i.
-func (r *shardRunner) start(ctx context.Context, i int) {
-	rctx, cancel := context.WithCancel(ctx)
+func (r *shardRunner) start(i int) {
+	rctx, cancel := context.WithCancel(r.base)
 	run := &shardRun{num: i, cancel: cancel}
 	r.runs[i] = run
 	m := new(Mutex)
@@ -316,7 +324,7 @@ func (r *shardRunner) runEnded(ctx context.Context, run *shardRun) {
 		r.err = fmt.Errorf("etcdlock: shard %d: %w", run.num, err)
 	}
 	if r.err == nil && ctx.Err() == nil && r.mine != nil && r.mine[run.num] {
-		r.start(ctx, run.num)
+		r.start(run.num)
 	}
 }
 

@@ -30,11 +30,13 @@ type shardBook struct {
 	starts  int
 	startOn map[string]int  // replica -> fns started there
 	revoked map[string]bool // replicas whose leases were revoked from outside
+	ended   map[int]ending  // shard -> when and where its last fn returned
+	gaps    []time.Duration // handovers: a fn returned on one replica -> the shard's next fn started on another
 	changed chan struct{}   // capacity 1: someone started or stopped
 }
 
 func newShardBook(t *testing.T) *shardBook {
-	return &shardBook{t: t, running: map[int]string{}, token: map[int]int64{}, startOn: map[string]int{}, revoked: map[string]bool{}, changed: make(chan struct{}, 1)}
+	return &shardBook{t: t, running: map[int]string{}, token: map[int]int64{}, startOn: map[string]int{}, revoked: map[string]bool{}, ended: map[int]ending{}, changed: make(chan struct{}, 1)}
 }
 
 // fn is RunShards's fn for replica r: it runs until its ctx ends.
@@ -47,6 +49,10 @@ func (b *shardBook) fn(r string) func(context.Context, etcdlock.Shard) error {
 		if last := b.token[sh.Num]; sh.Token <= last {
 			b.t.Errorf("shard %d: token %d on %s, not above the last owner's %d", sh.Num, sh.Token, r, last)
 		}
+		if e, ok := b.ended[sh.Num]; ok && e.on != r {
+			b.gaps = append(b.gaps, time.Since(e.at))
+			delete(b.ended, sh.Num)
+		}
 		b.running[sh.Num], b.token[sh.Num] = r, sh.Token
 		b.starts++
 		b.startOn[r]++
@@ -57,6 +63,7 @@ func (b *shardBook) fn(r string) func(context.Context, etcdlock.Shard) error {
 		if b.running[sh.Num] == r {
 			delete(b.running, sh.Num)
 		}
+		b.ended[sh.Num] = ending{on: r, at: time.Now()}
 		b.mu.Unlock()
 		b.signal()
 		return nil
@@ -72,6 +79,26 @@ func (b *shardBook) revoke(t *testing.T, r *replica) {
 	b.mu.Unlock()
 	_, err := newClient(t).Revoke(t.Context(), r.s.Lease())
 	require.NoError(t, err)
+}
+
+// An ending is when and on which replica a shard's fn returned.
+type ending struct {
+	on string
+	at time.Time
+}
+
+// handovers returns, and forgets, the handover gaps since the last call:
+// median and max, and how many.
+func (b *shardBook) handovers() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g := b.gaps
+	b.gaps = nil
+	if len(g) == 0 {
+		return "no handover"
+	}
+	slices.Sort(g)
+	return fmt.Sprintf("handover gap (fn returned -> next owner's fn started) median %v, max %v over %d", g[len(g)/2].Round(100*time.Microsecond), g[len(g)-1].Round(100*time.Microsecond), len(g))
 }
 
 // startsOn and runningOn are how many fns started on replica r, and the
@@ -194,18 +221,18 @@ func TestRunShards(t *testing.T) {
 
 	startReplica(t, b, lock, n, "b")
 	next := b.settled(n, "a", "b")
-	t.Logf("b joined: %d shards moved (8 at least)", moved(own, next))
+	t.Logf("b joined: %d shards moved (8 at least); %s", moved(own, next), b.handovers())
 	own = next
 	c := startReplica(t, b, lock, n, "c")
 	next = b.settled(n, "a", "b", "c")
-	t.Logf("c joined: %d shards moved (5 at least)", moved(own, next))
+	t.Logf("c joined: %d shards moved (5 at least); %s", moved(own, next), b.handovers())
 	own = next
 
 	// a leaves: RunShards returns nil once its shards are released.
 	a.cancel()
 	require.NoError(t, a.wait())
 	next = b.settled(n, "b", "c")
-	t.Logf("a left: %d shards moved (its own: %d)", moved(own, next), count(own, "a"))
+	t.Logf("a left: %d shards moved (its own: %d); %s", moved(own, next), count(own, "a"), b.handovers())
 	own = next
 
 	// c's lease is revoked: its holds end in etcd at once.

@@ -63,8 +63,8 @@ gone, and etcdlock exits 0 once all are; a second SIGINT or SIGTERM is
 passed on to every CMD. SIGHUP is passed on to every CMD, and the replica
 runs on. If the session's lease ends (etcd out of reach for --ttl, or the
 lease revoked), every CMD is stopped and etcdlock exits 6: start it again
-(a service manager's restart) to rejoin. It does the same when its key under
-NAME/members is deleted.
+(a service manager's restart) to rejoin. A replica whose key under
+NAME/members is deleted (etcdlock break) puts it again and runs on.
 
 Each CMD runs in a process group of its own with standard input
 /dev/null, its output etcdlock's. On Linux each runs under a supervisor,
@@ -336,9 +336,6 @@ func (r *shardsRun) main() error {
 		return err // CMD could not be started; the message says which shard
 	case s.Err() != nil:
 		return failf(exitLost, "left the shard set %q: the session ended (%s); every CMD was stopped", r.name, detail(s.Err()))
-	case errors.Is(err, etcdlock.ErrLockLost):
-		// Its membership key was deleted (etcdlock break NAME/members).
-		return failf(exitLost, "left the shard set %q: %s; every CMD was stopped", r.name, detail(err))
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("shard set %q: no answer from etcd within %v (--command-timeout)", r.name, r.conn.commandTimeout)
 	}
@@ -676,7 +673,7 @@ func cmdShardsWeight(sub string, args []string, stdout, stderr io.Writer) error 
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("set the weight of %s in shard set %q: no answer from etcd within %v (--command-timeout)", member, name, conn.commandTimeout)
 	case err != nil:
-		return fmt.Errorf("set the weight of %s in shard set %q: %w", member, name, conn.explain(err, "write key", etcdlock.ShardWeightPrefix+name+"/"+member, nil))
+		return fmt.Errorf("set the weight of %s in shard set %q: %w", member, name, conn.explain(err, "write key", name+"/members/"+member+"/weight", nil))
 	}
 	if weight == 0 {
 		fmt.Fprintf(stdout, "drained %s in shard set %q: it hands its shards over and keeps none while it stays a member (etcdlock shards weight %s %s %d gives them back)\n", member, name, name, member, etcdlock.FullShardWeight)
