@@ -96,7 +96,9 @@ func WithShardIdentity(identity string) ShardOption {
 // every fn's ctx likewise. fn's ctx also ends when the shard is lost
 // (its key deleted, the session ended), with context.Cause matching
 // ErrLockLost. A fn that returns nil while it still owns the shard is
-// called again after a pause; one that returns an error ends RunShards,
+// called again after a pause: 50 ms, doubling up to 1 s while it keeps
+// returning at once, and 50 ms again after a call that lasted a second
+// or more. A fn that returns an error ends RunShards,
 // which then releases every shard and returns that error.
 //
 // RunShards returns when ctx ends (nil), when fn fails, or when the
@@ -300,8 +302,12 @@ func (r *shardRunner) start(i int) {
 			sh := Shard{Num: i, Token: m.Token(), m: m}
 			backoff := minBackoff
 			for {
+				began := monotime()
 				if err := r.fn(fctx, sh); err != nil || fctx.Err() != nil {
 					return err
+				}
+				if monotime()-began >= maxBackoff {
+					backoff = minBackoff // it ran a while: not a loop
 				}
 				if !pauseUpTo(fctx, &backoff, maxBackoff) {
 					return nil

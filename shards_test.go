@@ -516,3 +516,22 @@ func TestRunShardsPartitioned(t *testing.T) {
 	t.Logf("a cut off: %d shards moved (its own: %d) in %v, its TTL 3s", moved(own, next), count(own, "a"), time.Since(cut).Round(10*time.Millisecond))
 	require.ErrorIs(t, a.wait(), etcdlock.ErrSessionExpired)
 }
+
+// TestRunShardsFnAgain: a fn that returns nil while it owns its shard is
+// called again, in the same hold (the same token).
+func TestRunShardsFnAgain(t *testing.T) {
+	t.Parallel()
+	s := newSession(t, newClient(t))
+	ctx, cancel := context.WithCancel(t.Context())
+	var tokens []int64
+	err := etcdlock.RunShards(ctx, s, lockName(t), 1, func(ctx context.Context, sh etcdlock.Shard) error {
+		tokens = append(tokens, sh.Token)
+		if len(tokens) == 3 {
+			cancel()
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Len(t, tokens, 3)
+	require.Equal(t, tokens[0], tokens[2], "a new hold between calls")
+}

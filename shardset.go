@@ -118,7 +118,8 @@ type ShardState struct {
 }
 
 // Moving reports whether the shard is not yet where the assignment puts
-// it: it has no owner, or another member holds it.
+// it: another member holds it, or nobody does while the assignment gives
+// it to one. A shard of a set without members is free, not moving.
 func (s ShardState) Moving() bool { return s.Owner != s.Assigned }
 
 // InspectShards reads the shard set name of n shards through cli: its
