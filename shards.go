@@ -141,10 +141,15 @@ func RunShards(ctx context.Context, s *Session, name string, n int, fn func(ctx 
 	if o.identity != "" {
 		r.member += "\n" + o.identity
 	}
-	err := r.join(ctx)
+	// Every read and wait of the membership ends with the session too:
+	// a link that dies mid-read must not keep RunShards past its end.
+	r.ctx = ctx
+	lctx, stop := s.bound(ctx)
+	err := r.join(lctx)
 	if err == nil {
-		err = r.loop(ctx)
+		err = r.loop(lctx)
 	}
+	stop()
 	if s.Err() == nil {
 		// Leave, before the shards are released, so that the others
 		// queue for them at once: else the lease would remove the key
@@ -172,6 +177,7 @@ type shardRunner struct {
 	opts   []MutexOption
 	runs   map[int]*shardRun // by shard: waiting for it, running it, or releasing it
 	ended  chan *shardRun    // a run's goroutine has returned
+	ctx    context.Context   // RunShards's: its end is the caller's doing
 	base   context.Context   // the runs' context: ctx's values, not its end
 	mine   []bool            // the shards this replica owns, as the membership last read says
 	err    error             // the first fn error
@@ -194,7 +200,7 @@ func (r *shardRunner) join(ctx context.Context) error {
 			return shardsRefusedErr(r.name, err)
 		}
 		if err == nil || !transient(err) || !pause(ctx, &backoff) {
-			return r.end(ctx, err)
+			return r.end(err)
 		}
 	}
 }
@@ -220,7 +226,7 @@ func (r *shardRunner) loop(ctx context.Context) error {
 		}
 		if err != nil {
 			if !transient(err) || !pause(ctx, &backoff) {
-				return r.end(ctx, err)
+				return r.end(err)
 			}
 			continue
 		}
@@ -243,10 +249,10 @@ func (r *shardRunner) loop(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				cancel()
-				return r.end(ctx, nil)
+				return r.end(nil)
 			case <-r.s.Done():
 				cancel()
-				return r.end(ctx, r.s.Err())
+				return r.end(r.s.Err())
 			case run := <-r.ended:
 				r.runEnded(ctx, run)
 				if r.err != nil {
@@ -261,13 +267,14 @@ func (r *shardRunner) loop(ctx context.Context) error {
 	}
 }
 
-// end returns why the loop ended: the session's end if it has, else err.
-func (r *shardRunner) end(ctx context.Context, err error) error {
-	if serr := r.s.Err(); serr != nil && ctx.Err() == nil {
-		return serr
-	}
-	if ctx.Err() != nil {
+// end returns why RunShards ends: nil when its caller's ctx ended, else
+// the session's end if it has, else err.
+func (r *shardRunner) end(err error) error {
+	switch {
+	case r.ctx.Err() != nil:
 		return nil
+	case r.s.Err() != nil:
+		return r.s.Err()
 	}
 	return err
 }
