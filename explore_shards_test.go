@@ -237,7 +237,8 @@ type shardCall struct {
 	lostRev  int64
 	ctxEnded time.Time
 	done     bool // fn returned (or is returning)
-	reported bool
+	reported bool // its ctx's late end was reported
+	overlap  bool // its key's place in the queue was reported
 }
 
 func (x *shardSchedule) logf(format string, args ...any) {
@@ -564,6 +565,10 @@ func (x *shardSchedule) judge(ctx context.Context, where string, rev int64, kvs 
 		if at >= 0 && (c.created == 0 || c.created == q[at].CreateRevision) {
 			c.created = q[at].CreateRevision
 			if at > 0 {
+				if c.overlap {
+					continue // reported
+				}
+				c.overlap = true
 				x.violationLocked("%s (rev %d): r%d's fn of shard %d runs (key %s created at %d, token %d, call %d), but its key is not the oldest of the shard's queue %s",
 					where, rev, c.rep.id, c.shard, suffix(c.key), c.created, c.token, c.call, queueOf(q))
 				continue
