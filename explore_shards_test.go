@@ -1293,13 +1293,15 @@ func (x *shardSchedule) settle() {
 			x.checkReturns()
 		}
 	}
-	if len(x.live()) == 0 {
-		x.refill()
-		x.join("end: nobody runs")
-	}
 	start2 := time.Now()
 	deadline := start2.Add(settleBound)
 	for {
+		// A replica whose fns fail ends once it gets a shard: with
+		// nobody left, one joins, as a deployment would start one.
+		if !slices.ContainsFunc(x.snapshot(), func(r *shardReplica) bool { return !closed(r.done) && r.s.Err() == nil }) {
+			x.refill()
+			x.join("end: nobody runs")
+		}
 		ok, state := x.spread()
 		if ok {
 			x.logf("end: settled in %v (%v since the replicas ended returned): %s", time.Since(start).Round(time.Millisecond), time.Since(start2).Round(time.Millisecond), state)
