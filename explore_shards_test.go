@@ -728,19 +728,18 @@ func (x *shardSchedule) runReturned(r *shardReplica, err error) {
 			x.violationLocked("r%d's RunShards returned (%v) while its fn of shard %d (token %d, call %d) runs", r.id, err, c.shard, c.token, c.call)
 		}
 	}
+	// An error is explained by a cause the explorer made: a fn that
+	// failed, a crash, the session's end, the membership key deleted.
+	// The loop may meet one before the ctx ends and return it after.
 	serr := r.s.Err()
+	explained := r.failed && errors.Is(err, errShardFn) || r.crashed || serr != nil ||
+		r.unmember && errors.Is(err, etcdlock.ErrLockLost)
 	switch {
-	case r.left:
-		if err != nil && !(r.failed && errors.Is(err, errShardFn)) {
-			x.violationLocked("r%d's RunShards returned %v after its ctx ended: want nil", r.id, err)
-		}
-	case err == nil:
+	case err == nil && !r.left:
 		x.violationLocked("r%d's RunShards returned nil while its ctx lasts", r.id)
-	case r.failed && errors.Is(err, errShardFn), r.crashed, serr != nil:
-	case r.unmember && errors.Is(err, etcdlock.ErrLockLost):
-		// Its membership (a read lock) was lost: not among the ends the
-		// doc names, but the loop's; noted in the log.
-	default:
+	case err != nil && !explained && r.left:
+		x.violationLocked("r%d's RunShards returned %v after its ctx ended: want nil", r.id, err)
+	case err != nil && !explained:
 		x.violationLocked("r%d's RunShards returned %v, while its ctx, session and fns were fine (done to it: %q)", r.id, err, r.why)
 	}
 	x.signal()
