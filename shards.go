@@ -215,7 +215,7 @@ type shardRun struct {
 }
 
 // loop follows the membership and starts and stops runs to match it,
-// until ctx ends, the session ends, the membership is lost or a fn fails.
+// until ctx ends, the session ends or a fn fails.
 func (r *shardRunner) loop(ctx context.Context) error {
 	cli := r.s.Client()
 	backoff := minBackoff
