@@ -150,16 +150,7 @@ func RunShards(ctx context.Context, s *Session, name string, n int, fn func(ctx 
 		err = r.loop(lctx)
 	}
 	stop()
-	if s.Err() == nil {
-		// Leave, before the shards are released, so that the others
-		// queue for them at once: else the lease would remove the key
-		// when it ends. A session that ended (Orphan, its lease's end)
-		// leaves it to the lease, or to a successor that adopts the
-		// lease (WithLease).
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		_, _ = s.Client().Delete(uctx, r.memberKey())
-	}
+	r.leave(ctx)
 	r.stopAll()
 	return err
 }
@@ -170,19 +161,20 @@ func shardName(name string, i int) string { return name + "/" + strconv.Itoa(i) 
 // A shardRunner is one RunShards: the shards this replica runs or waits
 // for, and what it read of the membership.
 type shardRunner struct {
-	s      *Session
-	name   string
-	n      int
-	fn     func(context.Context, Shard) error
-	opts   []MutexOption
-	runs   map[int]*shardRun // by shard: waiting for it, running it, or releasing it
-	ended  chan *shardRun    // a run's goroutine has returned
-	ctx    context.Context   // RunShards's: its end is the caller's doing
-	base   context.Context   // the runs' context: ctx's values, not its end
-	mine   []bool            // the shards this replica owns, as the membership last read says
-	err    error             // the first fn error
-	me     string            // this replica's member ID: its lease in hex
-	member string            // the value of its membership key: a read lock's
+	s         *Session
+	name      string
+	n         int
+	fn        func(context.Context, Shard) error
+	opts      []MutexOption
+	runs      map[int]*shardRun // by shard: waiting for it, running it, or releasing it
+	ended     chan *shardRun    // a run's goroutine has returned
+	ctx       context.Context   // RunShards's: its end is the caller's doing
+	base      context.Context   // the runs' context: ctx's values, not its end
+	mine      []bool            // the shards this replica owns, as the membership last read says
+	err       error             // the first fn error
+	me        string            // this replica's member ID: its lease in hex
+	memberRev int64             // the create revision of its membership key, once read
+	member    string            // the value of its membership key: a read lock's
 }
 
 // memberKey is this replica's membership key, name/members/<lease>.
@@ -192,16 +184,71 @@ func (r *shardRunner) memberKey() string { return membersPrefix(r.name) + r.me }
 // a read lock's key on name/members, as RWMutex.RLock would put it. A Put
 // keeps a key that exists: a replica that restarts on its old lease
 // (WithLease) is a member throughout, so no shard moves meanwhile.
+//
+// The Put waits for etcd's answer even once ctx ended (only the session's
+// end cuts it short), so that leave knows whether there is a key to take
+// away; ctx ends the pauses between attempts.
 func (r *shardRunner) join(ctx context.Context) error {
 	backoff := minBackoff
 	for {
-		_, err := r.s.Client().Put(ctx, r.memberKey(), r.member, clientv3.WithLease(r.s.Lease()))
+		if ctx.Err() != nil {
+			return r.end(ctx.Err())
+		}
+		pctx, stop := r.s.bound(context.WithoutCancel(ctx))
+		resp, err := r.s.Client().Put(pctx, r.memberKey(), r.member, clientv3.WithLease(r.s.Lease()), clientv3.WithPrevKV())
+		stop()
 		if refused(err) {
 			return shardsRefusedErr(r.name, err)
+		}
+		if err == nil {
+			// The key's create revision: the Put's, or the key's it kept.
+			r.memberRev = resp.Header.Revision
+			if resp.PrevKv != nil {
+				r.memberRev = resp.PrevKv.CreateRevision
+			}
 		}
 		if err == nil || !transient(err) || !pause(ctx, &backoff) {
 			return r.end(err)
 		}
+	}
+}
+
+// leave deletes this replica's membership key, before its shards are
+// released, so that the others queue for them at once. A delete that
+// etcd does not confirm goes on in the session's releaser until it is,
+// or the session ends: a key left behind would keep its share of the
+// shards without an owner for as long as the session lives. The delete
+// holds only while the key is the one this RunShards put or found (its
+// create revision), so a later RunShards's key on the session is never
+// taken.
+// A session that ended (Orphan, its lease's end) leaves the key to the
+// lease, or to a successor that adopts the lease (WithLease).
+func (r *shardRunner) leave(ctx context.Context) {
+	if r.s.Err() != nil {
+		return
+	}
+	key, rev := r.memberKey(), r.memberRev
+	del := func(ctx context.Context) bool {
+		actx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+		defer cancel()
+		if rev == 0 {
+			// A join whose outcome is unknown (it failed): is there a key?
+			resp, err := r.s.Client().Get(actx, key)
+			if err != nil {
+				return !transient(err) || r.s.Err() != nil
+			}
+			if len(resp.Kvs) == 0 {
+				return true
+			}
+			rev = resp.Kvs[0].CreateRevision
+		}
+		_, err := r.s.Client().Txn(actx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+			Then(clientv3.OpDelete(key)).Commit()
+		return err == nil || !transient(err) || r.s.Err() != nil
+	}
+	if !del(context.WithoutCancel(ctx)) {
+		r.s.releaser.add(func() bool { return del(r.s.endCtx) })
 	}
 }
 
@@ -231,7 +278,8 @@ func (r *shardRunner) loop(ctx context.Context) error {
 			continue
 		}
 		backoff = minBackoff
-		if !slices.ContainsFunc(ms, func(m member) bool { return m.id == r.me }) {
+		i := slices.IndexFunc(ms, func(m member) bool { return m.id == r.me })
+		if i < 0 {
 			// Its key was deleted (an operator, etcdlock break): join
 			// again, or end with the session.
 			if err := r.join(ctx); err != nil {
@@ -239,6 +287,7 @@ func (r *shardRunner) loop(ctx context.Context) error {
 			}
 			continue
 		}
+		r.memberRev = ms[i].rev
 		r.reconcile(ctx, assign(r.n, ms, r.me))
 		// A member that joins (its Put) or leaves, or a weight set: read
 		// the membership again. So does a watch that ended.

@@ -1,6 +1,7 @@
 package etcdlock_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,7 +15,10 @@ import (
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // A shardBook records which replica runs each shard's fn, and fails the
@@ -534,4 +538,80 @@ func TestRunShardsFnAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, tokens, 3)
 	require.Equal(t, tokens[0], tokens[2], "a new hold between calls")
+}
+
+// TestRunShardsLeaveSchedules: a replica's membership key never outlives
+// its RunShards while its session lives, whatever becomes of the writes
+// that put and delete it: a leftover key would keep its share of the
+// shards without an owner.
+func TestRunShardsLeaveSchedules(t *testing.T) {
+	t.Parallel()
+	// touches reports whether an RPC writes lock's membership key.
+	touches := func(lock string, del bool) func(etcdtest.RPC) bool {
+		pfx := []byte(lock + "/members/")
+		return func(r etcdtest.RPC) bool {
+			switch req := r.Req.(type) {
+			case *pb.PutRequest:
+				return !del && bytes.HasPrefix(req.Key, pfx)
+			case *pb.TxnRequest:
+				for _, op := range req.Success {
+					if d := op.GetRequestDeleteRange(); del && d != nil && bytes.HasPrefix(d.Key, pfx) {
+						return true
+					}
+				}
+			}
+			return false
+		}
+	}
+	failed := etcdtest.Action{Fail: status.Error(codes.Unavailable, "test: the request failed")}
+	for _, c := range []struct {
+		name string
+		del  bool // the leave's delete, else the join's put
+		act  func(cancel context.CancelFunc) etcdtest.Action
+	}{
+		// The leave's delete fails: it is sent again, in the background.
+		{"DeleteFails", true, func(context.CancelFunc) etcdtest.Action { return failed }},
+		// The delete's answer is lost: sent again, it finds the key gone.
+		{"DeleteAnswerLost", true, func(context.CancelFunc) etcdtest.Action { return answerLost }},
+		// The replica leaves while its join's put is in flight: the put
+		// is awaited, and its key removed.
+		{"LeaveDuringJoin", false, func(cancel context.CancelFunc) etcdtest.Action {
+			return etcdtest.Action{Before: func(etcdtest.RPC) { cancel() }}
+		}},
+		// The join's answer is lost, and the replica leaves then: was
+		// the key put? The leave reads it, and removes it.
+		{"LeaveAfterJoinLost", false, func(cancel context.CancelFunc) etcdtest.Action {
+			return etcdtest.Action{After: func(_ etcdtest.RPC, err error) error {
+				cancel()
+				return answerLost.After(etcdtest.RPC{}, err)
+			}}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			const n = 4
+			lock := lockName(t)
+			cli := newClient(t)
+			b := newShardBook(t)
+			var in etcdtest.Injector
+			s := newSession(t, cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()}))
+			ctx, cancel := context.WithCancel(t.Context())
+			fired := in.At(etcdtest.Nth(1, touches(lock, c.del)), c.act(cancel))
+			done := make(chan error, 1)
+			go func() { done <- etcdlock.RunShards(ctx, s, lock, n, b.fn("a")) }()
+			startReplica(t, b, lock, n, "b")
+			if c.del {
+				b.settled(n, "a", "b")
+				cancel()
+			}
+			awaitFired(t, fired)
+			require.NoError(t, <-done)
+			// b takes every shard: a's key is gone, while a's session lives.
+			b.settled(n, "b")
+			require.NoError(t, s.Err())
+			resp, err := cli.Get(t.Context(), lock+"/members/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			require.NoError(t, err)
+			require.EqualValues(t, 1, resp.Count, "a member key besides b's")
+		})
+	}
 }

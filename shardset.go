@@ -200,6 +200,7 @@ func keyID(key string) string { return key[strings.LastIndexByte(key, '/')+1:] }
 type member struct {
 	id     string
 	weight int
+	rev    int64 // its key's create revision
 }
 
 // readMembers reads the members of shard set name and their weights, in
@@ -224,7 +225,7 @@ func readMembers(ctx context.Context, cli *clientv3.Client, name string, rev int
 				weights[id] = w
 			}
 		} else if key != "" && !strings.Contains(key, "/") {
-			ms = append(ms, member{id: key, weight: FullShardWeight})
+			ms = append(ms, member{id: key, weight: FullShardWeight, rev: kv.CreateRevision})
 		}
 	}
 	for i := range ms {
