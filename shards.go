@@ -104,7 +104,8 @@ func WithShardIdentity(identity string) ShardOption {
 // RunShards returns when ctx ends (nil), when fn fails, or when the
 // session ends (its error), once every shard it ran is released and
 // every fn returned; it leaves the membership then, unless the session
-// had ended. A replica that restarts within its TTL on its old lease
+// had ended (a delete of its membership key that etcd did not confirm is
+// sent again in the background until it is, or the session ends). A replica that restarts within its TTL on its old lease
 // (WithLease) stays a member throughout and runs its shards again at
 // once, each as a new hold with a larger token: none moves meanwhile.
 // It needs no clock agreement between replicas. Run one RunShards per
