@@ -102,11 +102,12 @@ func WithShardIdentity(identity string) ShardOption {
 // which then releases every shard and returns that error.
 //
 // RunShards returns when ctx ends (nil), when fn fails, or when the
-// session ends (its error), once every shard it ran is released and
-// every fn returned; it leaves the membership then, unless the session
-// had ended (a delete of its membership key that etcd did not confirm is
-// sent again in the background until it is, or the session ends). A replica that restarts within its TTL on its old lease
-// (WithLease) stays a member throughout and runs its shards again at
+// session ends (its error), once it left the membership (unless the
+// session had ended: its key goes with the lease), every shard it ran is
+// released and every fn returned. A delete of its membership key that
+// etcd did not confirm is sent again in the background until it is, or
+// the session ends. A replica that restarts within its TTL on its old
+// lease (WithLease) stays a member throughout and runs its shards again at
 // once, each as a new hold with a larger token: none moves meanwhile.
 // It needs no clock agreement between replicas. Run one RunShards per
 // Session and name.
