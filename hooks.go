@@ -119,10 +119,11 @@ const (
 	KindSemaphore                // "semaphore"
 	KindElection                 // "election": Campaign, and leadership as the hold
 	KindMultiMutex               // "multimutex": LockInfo.Name is its names joined by ","
+	KindShard                    // "shard": a shard RunShards runs, held while its fn runs; LockInfo.Name is name/<shard>
 	numKinds
 )
 
-var kindNames = [numKinds]string{"mutex", "rwmutex_read", "rwmutex_write", "semaphore", "election", "multimutex"}
+var kindNames = [numKinds]string{"mutex", "rwmutex_read", "rwmutex_write", "semaphore", "election", "multimutex", "shard"}
 
 func (k Kind) String() string {
 	if k < numKinds {

@@ -754,3 +754,44 @@ func BenchmarkHooks(b *testing.B) {
 		})
 	}
 }
+
+// TestHooksShards: a shard RunShards runs is a hold of kind shard on
+// name/<shard>, acquired before fn starts and released once RunShards
+// has let it go.
+func TestHooksShards(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder()
+	s := newSession(t, newClient(t), etcdlock.WithHooks(rec.hooks()))
+	name := lockName(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	started := make(chan etcdlock.Shard, 1)
+	err := make(chan error, 1)
+	go func() {
+		err <- etcdlock.RunShards(ctx, s, name, 1, func(ctx context.Context, sh etcdlock.Shard) error {
+			started <- sh
+			<-ctx.Done()
+			return nil
+		})
+	}()
+	sh := <-started
+	shard := func(d etcdlock.AcquireDoneInfo) bool { return d.Kind == etcdlock.KindShard }
+	rec.mu.Lock()
+	i := slices.IndexFunc(rec.dones, shard)
+	require.GreaterOrEqual(t, i, 0, "no AcquireDone of kind shard before fn")
+	d := rec.dones[i]
+	rec.mu.Unlock()
+	require.Equal(t, etcdlock.Acquired, d.Outcome)
+	require.Equal(t, name+"/0", d.Name)
+	require.Equal(t, sh.Token, d.Token)
+	require.Equal(t, sh.Key(), d.Key)
+	require.Equal(t, "shard", d.Kind.String())
+
+	cancel()
+	require.NoError(t, <-err)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	j := slices.IndexFunc(rec.holds, func(h etcdlock.HoldDoneInfo) bool { return h.Kind == etcdlock.KindShard })
+	require.GreaterOrEqual(t, j, 0, "no HoldDone of kind shard once RunShards returned")
+	require.Equal(t, etcdlock.Released, rec.holds[j].End)
+	require.Equal(t, sh.Token, rec.holds[j].Token)
+}

@@ -94,7 +94,7 @@ func (minHoldGuard) admitted(_ context.Context, q *queue, h *hold, _ bool) error
 // check refuses a minimum hold where it makes no sense.
 func (minHoldGuard) check(q *queue) error {
 	switch o := q.opts; {
-	case o.kind != KindMutex:
+	case o.kind != KindMutex && o.kind != KindShard:
 		return errorf("%w: a minimum hold is for a Mutex (a pending one keeps every waiter out)", ErrInvalidOption)
 	case o.maxHold > 0 && o.maxHold < o.minHold+minHoldBelowMax(q.s):
 		// An early Unlock's release comes at the minimum hold's end;

@@ -107,6 +107,13 @@ func requestRefusedErr(ctx context.Context, cli *clientv3.Client, name string, e
 		name, lock, reqs, grants, err)
 }
 
+// shardsRefusedErr explains etcd's refusal err of a write of shard set
+// name (RunShards's membership, SetShardWeight): every key of the set
+// lies under name/.
+func shardsRefusedErr(name string, err error) error {
+	return errorf("the shard set %s reads and writes the keys with prefix %q, which etcd refuses its user ('etcdlock grants NAME' prints the etcdctl lines; with --prefix PREFIX, for every lock under it): %w", name, name+"/", err)
+}
+
 // readRefusedErr explains etcd's refusal err of a read of the keys with
 // prefix pfx, which what (a lock, a listing) reads.
 func readRefusedErr(what, pfx string, err error) error {

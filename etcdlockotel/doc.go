@@ -13,7 +13,7 @@
 // The metrics of the Prometheus adapter (module
 // github.com/etcdlock/etcdlock/etcdlockprom), with its names, meanings,
 // descriptions and label names as attributes: kind (mutex, rwmutex_read,
-// rwmutex_write, semaphore, election, multimutex) and, with
+// rwmutex_write, semaphore, election, multimutex, shard) and, with
 // Options.LockNames, name:
 //
 //	etcdlock_acquire_duration_seconds{kind,outcome}   histogram, s: time from the start of an acquisition to its outcome (acquired, busy, canceled, session_ended, error)

@@ -43,7 +43,7 @@ var renewalBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 // reads as "no data" before it, and rate() misses that first event).
 var (
 	kinds = []etcdlock.Kind{etcdlock.KindMutex, etcdlock.KindRWMutexRead, etcdlock.KindRWMutexWrite,
-		etcdlock.KindSemaphore, etcdlock.KindElection, etcdlock.KindMultiMutex}
+		etcdlock.KindSemaphore, etcdlock.KindElection, etcdlock.KindMultiMutex, etcdlock.KindShard}
 	sessionEnds = []etcdlock.SessionEnd{etcdlock.SessionClosed, etcdlock.SessionContextEnded,
 		etcdlock.SessionClientClosed, etcdlock.SessionNotRenewed, etcdlock.SessionLeaseGone}
 	losses = []etcdlock.HoldEnd{etcdlock.LostLease, etcdlock.LostKeyDeleted, etcdlock.LostMaxHold,

@@ -29,7 +29,7 @@ var descriptions = map[string]string{
 // kind and cause, at 0.
 func zeroLosses() map[string]int64 {
 	out := map[string]int64{}
-	for _, k := range []string{"election", "multimutex", "mutex", "rwmutex_read", "rwmutex_write", "semaphore"} {
+	for _, k := range []string{"election", "multimutex", "mutex", "rwmutex_read", "rwmutex_write", "semaphore", "shard"} {
 		for _, c := range []string{"key_deleted", "lease_ended", "max_hold", "session_closed", "unknown"} {
 			out["cause="+c+",kind="+k] = 0
 		}
@@ -50,7 +50,7 @@ func TestMetrics(t *testing.T) {
 	// the histograms none.
 	ms := r.collect(t)
 	zeroKinds := map[string]int64{"kind=election": 0, "kind=multimutex": 0, "kind=mutex": 0,
-		"kind=rwmutex_read": 0, "kind=rwmutex_write": 0, "kind=semaphore": 0}
+		"kind=rwmutex_read": 0, "kind=rwmutex_write": 0, "kind=semaphore": 0, "kind=shard": 0}
 	for _, g := range []string{"etcdlock_waiters", "etcdlock_holders"} {
 		if got := counts(t, ms, g, false); !maps.Equal(got, zeroKinds) {
 			t.Errorf("%s before any event: %v, want %v", g, got, zeroKinds)

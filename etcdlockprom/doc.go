@@ -8,7 +8,7 @@
 //
 // One Metrics may serve any number of sessions. The metrics, all in base
 // units, with the labels kind (mutex, rwmutex_read, rwmutex_write,
-// semaphore, election, multimutex) and, with Options.LockNames, name:
+// semaphore, election, multimutex, shard) and, with Options.LockNames, name:
 //
 //	etcdlock_acquire_duration_seconds{kind,outcome}   histogram: time from the start of an acquisition to its outcome (acquired, busy, canceled, session_ended, error)
 //	etcdlock_waiters{kind}                            gauge: acquisitions under way in this process

@@ -36,7 +36,7 @@ var defaultBuckets = prometheus.ExponentialBuckets(0.001, 2, 22)
 // reads as "no data" before it, and rate() misses that first event).
 var (
 	kinds = []etcdlock.Kind{etcdlock.KindMutex, etcdlock.KindRWMutexRead, etcdlock.KindRWMutexWrite,
-		etcdlock.KindSemaphore, etcdlock.KindElection, etcdlock.KindMultiMutex}
+		etcdlock.KindSemaphore, etcdlock.KindElection, etcdlock.KindMultiMutex, etcdlock.KindShard}
 	sessionEnds = []etcdlock.SessionEnd{etcdlock.SessionClosed, etcdlock.SessionContextEnded,
 		etcdlock.SessionClientClosed, etcdlock.SessionNotRenewed, etcdlock.SessionLeaseGone}
 	losses = []etcdlock.HoldEnd{etcdlock.LostLease, etcdlock.LostKeyDeleted, etcdlock.LostMaxHold,

@@ -71,6 +71,7 @@ etcdlock_holders{kind="mutex"} 0
 etcdlock_holders{kind="rwmutex_read"} 1
 etcdlock_holders{kind="rwmutex_write"} 0
 etcdlock_holders{kind="semaphore"} 0
+etcdlock_holders{kind="shard"} 0
 # HELP etcdlock_lease_renewal_duration_seconds Round trip of the session lease renewals that succeeded.
 # TYPE etcdlock_lease_renewal_duration_seconds histogram
 etcdlock_lease_renewal_duration_seconds_bucket{le="0.1"} 1
@@ -90,6 +91,7 @@ etcdlock_oldest_hold_age_seconds{kind="mutex"} 0
 etcdlock_oldest_hold_age_seconds{kind="rwmutex_read"} 5
 etcdlock_oldest_hold_age_seconds{kind="rwmutex_write"} 0
 etcdlock_oldest_hold_age_seconds{kind="semaphore"} 0
+etcdlock_oldest_hold_age_seconds{kind="shard"} 0
 # HELP etcdlock_sessions_ended_total Sessions ended, by cause.
 # TYPE etcdlock_sessions_ended_total counter
 etcdlock_sessions_ended_total{cause="client_closed"} 0
@@ -105,6 +107,7 @@ etcdlock_waiters{kind="mutex"} 0
 etcdlock_waiters{kind="rwmutex_read"} 1
 etcdlock_waiters{kind="rwmutex_write"} 0
 etcdlock_waiters{kind="semaphore"} 0
+etcdlock_waiters{kind="shard"} 0
 `
 	if err := testutil.CollectAndCompare(m, strings.NewReader(want)); err != nil {
 		t.Fatal(err)
@@ -122,7 +125,7 @@ etcdlock_waiters{kind="semaphore"} 0
 // per kind and cause, at the counts given by "kind/cause" (0 otherwise).
 func lostSeries(counts map[string]int) string {
 	var b strings.Builder
-	for _, k := range []string{"election", "multimutex", "mutex", "rwmutex_read", "rwmutex_write", "semaphore"} {
+	for _, k := range []string{"election", "multimutex", "mutex", "rwmutex_read", "rwmutex_write", "semaphore", "shard"} {
 		for _, c := range []string{"key_deleted", "lease_ended", "max_hold", "session_closed", "unknown"} {
 			fmt.Fprintf(&b, "etcdlock_locks_lost_total{cause=%q,kind=%q} %d\n", c, k, counts[k+"/"+c])
 		}
@@ -144,7 +147,7 @@ func TestZeroSeries(t *testing.T) {
 			causes = append(causes, c)
 		}
 	}
-	if len(kinds) != 6 || len(causes) != 5 {
+	if len(kinds) != 7 || len(causes) != 5 {
 		t.Fatalf("kinds %v, causes %v: check the lists of etcdlockprom", kinds, causes)
 	}
 	if n := testutil.CollectAndCount(m, "etcdlock_waiters", "etcdlock_holders"); n != 2*len(kinds) {
@@ -194,6 +197,7 @@ etcdlock_waiters{kind="mutex"} 1
 etcdlock_waiters{kind="rwmutex_read"} 0
 etcdlock_waiters{kind="rwmutex_write"} 0
 etcdlock_waiters{kind="semaphore"} 0
+etcdlock_waiters{kind="shard"} 0
 `
 		}
 		if err := testutil.CollectAndCompare(m, strings.NewReader(want), "etcdlock_waiters"); err != nil {
@@ -216,14 +220,14 @@ func TestNameSeriesDeleted(t *testing.T) {
 		h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Outcome: etcdlock.Acquired})
 		series := 2 // the name's waiters and holders
 		if !names {
-			series = 12 // waiters and holders of each of 6 kinds
+			series = 14 // waiters and holders of each of 7 kinds
 		}
 		if got := testutil.CollectAndCount(m, "etcdlock_waiters", "etcdlock_holders"); got != series {
 			t.Fatalf("LockNames %v: %d gauge series with a waiter and a holder, want %d", names, got, series)
 		}
 		h.AcquireDone(etcdlock.AcquireDoneInfo{LockInfo: lock, Wait: true, Outcome: etcdlock.AcquireCanceled})
 		h.HoldDone(etcdlock.HoldDoneInfo{LockInfo: lock, End: etcdlock.Released})
-		want := 12 // waiters and holders of each kind, at 0
+		want := 14 // waiters and holders of each kind, at 0
 		if names {
 			want = 0
 		}

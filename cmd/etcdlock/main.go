@@ -7,6 +7,8 @@
 //	etcdlock run [flags] NAME                  hold the lock NAME until a signal, printing its key
 //	etcdlock elect [flags] NAME [VALUE] -- CMD  lead the election NAME while CMD runs
 //	etcdlock elect --listen [--json] NAME      print the leader of NAME and every change
+//	etcdlock shards [flags] NAME --count N -- CMD  run CMD for each of N shards this process owns
+//	etcdlock shards status|weight|drain ...    show a shard set, set a member's weight, drain it
 //	etcdlock status [flags] NAME               show the holders and the waiters of NAME (--watch: and every change)
 //	etcdlock ls [flags] PREFIX                 list every lock under PREFIX: holder, held for, waiters (--watch: and every change)
 //	etcdlock release [flags] NAME              ask the holders of NAME to release it (run and elect --on-release pass it on to CMD)
@@ -148,6 +150,11 @@ Usage:
                                               runs, campaigning with VALUE
   etcdlock elect --listen [--json] NAME       print the leader of NAME and
                                               every change
+  etcdlock shards [flags] NAME --count N -- CMD
+                                              spread N shards over the processes
+                                              running this, and run CMD for each
+                                              shard this one owns (shards status,
+                                              weight, drain: 'etcdlock help shards')
   etcdlock status [flags] NAME                show the holders and waiters of NAME
                                               (--watch: and every change)
   etcdlock ls [flags] PREFIX                  list every lock under PREFIX: its
@@ -263,6 +270,8 @@ func dispatch(args []string, stdout, stderr io.Writer) error {
 		return cmdRun(rest, stdout, stderr)
 	case "elect":
 		return cmdElect(rest, stdout, stderr)
+	case "shards":
+		return cmdShards(rest, stdout, stderr)
 	case "status":
 		return cmdStatus(rest, stdout, stderr)
 	case "ls":

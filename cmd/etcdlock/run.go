@@ -865,102 +865,38 @@ func (r *lockRun) runLocked(cmd *exec.Cmd, grace time.Duration, stdout io.Writer
 		return cmdErr(cmd.Args[0], err)
 	}
 
-	// CMD must be gone, SIGKILL included, killMargin before etcd can expire
-	// the lease: stopping it starts grace before that, whenever renewals
-	// have failed that long (jeopardy), or at once when the hold is lost.
-	// The supervisor is told the deadline after each renewal, and keeps
-	// it if etcdlock cannot (paused, starved); etcdlock acts a moment
-	// earlier, so that the supervisor need not.
-	const lead = 100 * time.Millisecond
-	margin := killMargin(r.s.TTL())
-	killBy := func() time.Time { return r.s.Expiry().Add(-margin - lead) }
-	ch.deadline(killBy().Add(lead))
-	jeopardy := time.NewTimer(time.Until(killBy().Add(-grace)))
-	defer jeopardy.Stop()
-	var (
-		lostErr, waitErr error
-		stoppedEarly     bool      // in jeopardy, before any loss
-		termAt, killAt   time.Time // zero until CMD is being stopped
-		killed           bool      // SIGKILL was sent
-	)
-	kill := time.NewTimer(time.Hour)
-	kill.Stop()
-	defer kill.Stop()
-	// stop stops CMD by at: SIGTERM now and SIGKILL at, or SIGKILL now if
-	// at has come. A second call only brings SIGKILL forward. now is when
-	// the caller read the clock to choose at.
-	stop := func(why string, now, at time.Time) {
-		switch {
-		case killed || (!killAt.IsZero() && !at.Before(killAt)):
-			fmt.Fprintf(stderr, "etcdlock: %s; %s is being stopped\n", why, cmdName)
-		case !now.Before(at):
-			fmt.Fprintf(stderr, "etcdlock: %s; sending %s SIGKILL\n", why, cmdName)
-			ch.kill()
-			killed = true
-		case termAt.IsZero():
-			fmt.Fprintf(stderr, "etcdlock: %s; sending it SIGTERM (SIGKILL in %s if it still runs)\n", why, fmtDur(at.Sub(now)))
-			ch.stop()
-			termAt = now
-			fallthrough
-		default:
-			killAt = at
-			kill.Reset(time.Until(at))
-		}
-	}
-loop:
-	for {
-		select {
-		case waitErr = <-waitc:
-			break loop
-		case <-lost:
-			lost = nil
+	w := &cmdWatch{ch: ch, waitc: waitc, s: r.s, renewed: r.renewed, grace: grace, cmdName: cmdName, held: held, stderr: stderr,
+		ended: lost,
+		why: func() error {
 			r.lost = true
-			if err := m.Err(); lostErr == nil || stoppedEarly {
-				lostErr = cmp.Or(err, etcdlock.ErrLockLost)
-			}
-			now := time.Now()
-			stop(fmt.Sprintf("lost %s while %s ran (%s)", held, cmdName, detail(lostErr)), now, minTime(now.Add(grace), killBy()))
-		case <-r.renewed:
-			ch.deadline(killBy().Add(lead))
-		case <-jeopardy.C:
-			now := time.Now()
-			if at := killBy().Add(-grace); now.Before(at) {
-				jeopardy.Reset(time.Until(at)) // renewed since
-				continue
-			}
-			switch {
-			case now.Before(killBy().Add(lead)): // the supervisor's deadline
-				stoppedEarly = stoppedEarly || (termAt.IsZero() && !killed)
-			case lostErr == nil:
-				// Too late to stop CMD in time: etcdlock itself was
-				// paused or starved past it. The lock is as good as lost.
-				r.lost = true
-				lostErr = fmt.Errorf("%w: the lease may have expired before etcdlock could stop %s (etcdlock was paused or starved)", etcdlock.ErrSessionExpired, cmdName)
-			}
-			stop(fmt.Sprintf("etcd has not confirmed a renewal of the lease for %s, and %s can pass on %s from now (--ttl %s): %s must be gone by then",
-				fmtDur(now.Sub(r.s.Expiry().Add(-r.s.TTL()))), held, fmtDur(max(0, r.s.Expiry().Sub(now))), r.s.TTL(), cmdName), now, killBy())
-		case <-kill.C:
-			// The wait planned, not the one measured: a timer may fire a
-			// hair early or late.
-			fmt.Fprintf(stderr, "etcdlock: %s still runs %s after SIGTERM; sending it SIGKILL\n", cmdName, fmtDur(killAt.Sub(termAt)))
-			ch.kill()
-			killed = true
-		case <-asked:
-			asked = nil
+			return cmp.Or(m.Err(), etcdlock.ErrLockLost)
+		},
+		stopMsg: func(lostErr error) string {
+			return fmt.Sprintf("lost %s while %s ran (%s)", held, cmdName, detail(lostErr))
+		},
+		asked: asked,
+		onAsked: func() {
 			if r.onRelease == nil {
 				// The asker was told the request was recorded: say here
 				// that it is ignored, and how to act on the next one.
 				fmt.Fprintf(stderr, "etcdlock: asked to release %s ('etcdlock release'); ignored: %s runs on (start etcdlock with --on-release SIGNAL to pass requests on to %s)\n", held, cmdName, cmdName)
-				continue
+				return
 			}
 			fmt.Fprintf(stderr, "etcdlock: asked to release %s; sending %s %s\n", held, cmdName, sigName(r.onRelease))
 			ch.signal(r.onRelease)
-		case sig := <-r.sigc:
+		},
+		sigc: r.sigc,
+		onSignal: func(sig os.Signal) {
 			if !group && sig == os.Interrupt {
-				continue // the terminal sent it to CMD as well
+				return // the terminal sent it to CMD as well
 			}
 			ch.signal(sig)
-		}
+		},
+	}
+	end := w.watch()
+	waitErr, lostErr, stoppedEarly := end.waitErr, end.lostErr, end.stoppedEarly
+	if lostErr != nil {
+		r.lost = true
 	}
 
 	code := exitFailure
@@ -996,12 +932,12 @@ loop:
 		}
 		return failf(exitJeopardy, "%s was stopped before %s could pass on, as etcd did not confirm renewals of the lease in time; %s exited with status %d; %s", cmdName, held, cmdName, code, after)
 	}
-	if lostErr == nil && !time.Now().Before(killBy().Add(lead)) {
+	if lostErr == nil && end.late {
 		// CMD is found gone only after the lease's deadline: etcdlock
 		// was paused or starved (the supervisor kept the deadline). The
 		// lease may have expired, and the lock passed on.
 		r.lost = true
-		lostErr = fmt.Errorf("%w: etcdlock could not renew the lease in time (was it paused?)", etcdlock.ErrSessionExpired)
+		lostErr = errLate()
 	}
 	if lostErr != nil {
 		// No Unlock: the key is gone, or goes with the lease, which

@@ -158,13 +158,64 @@ func (c *child) deadline(t time.Time) error {
 // parent-death signal, and what CMD started has come to etcdlock, which
 // kills it here, before the lock is released. It closes the control pipe.
 func (c *child) exited() (killedBy os.Signal) {
+	sig := c.closed()
+	if sig != nil {
+		killChildren()
+	}
+	return sig
+}
+
+// closed is exited for a process that runs several children at once
+// (shards): it closes the control pipe and returns the signal that
+// killed the supervisor, if one did, and kills nothing. What CMD started
+// has then come to etcdlock: the caller kills it with killStrays, which
+// spares the other children.
+func (c *child) closed() (killedBy os.Signal) {
 	defer c.ctl.Close()
 	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
 	if !ok || !ws.Signaled() {
 		return nil
 	}
-	killChildren()
 	return ws.Signal()
+}
+
+// killStrays kills, with SIGKILL, every child of this process that keep
+// does not claim (its own supervisors), and reaps each, until none is
+// left: the processes a killed supervisor's CMD started, handed to
+// etcdlock as their subreaper, and what they started in turn. Unlike
+// killChildren it waits for those pids only, never for any child: the
+// other supervisors' exits are their own goroutines' to collect. keep is
+// called with the caller's lock held that also guards starting a
+// supervisor, so that none is taken for a stray between its start and
+// its record.
+func killStrays(keep func(pid int) bool) {
+	if !procOurs() {
+		return
+	}
+	self := os.Getpid()
+	for {
+		var strays []int
+		for _, pid := range childrenOf(self) {
+			if !keep(pid) {
+				strays = append(strays, pid)
+			}
+		}
+		if len(strays) == 0 {
+			return
+		}
+		for _, pid := range strays {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for _, pid := range strays {
+			var ws syscall.WaitStatus
+			for {
+				_, err := syscall.Wait4(pid, &ws, 0, nil)
+				if !errors.Is(err, syscall.EINTR) {
+					break
+				}
+			}
+		}
+	}
 }
 
 // supervisorSignals are the signals the supervisor catches and does not

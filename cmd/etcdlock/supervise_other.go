@@ -57,6 +57,12 @@ func (c *child) exited() os.Signal {
 	return nil
 }
 
+// closed is exited, for a process that runs several children at once.
+func (c *child) closed() os.Signal { return c.exited() }
+
+// killStrays does nothing here: no process is handed to etcdlock.
+func killStrays(func(pid int) bool) {}
+
 // cmdSupervise is not used here.
 func cmdSupervise([]string) error {
 	return errors.New(superviseCmd + " is used on Linux only")

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -148,6 +150,36 @@ var libraryUses = []libraryUse{
 			case <-ctx.Done():
 				return fmt.Errorf("the holder did not hear the request: %w", ctx.Err())
 			}
+		})
+	}},
+	{"RunShards", func(ctx context.Context, cli *clientv3.Client, name string) error {
+		return withSession(ctx, cli, func(s *etcdlock.Session) error {
+			// Run until both shards started, drain, inspect, leave.
+			sctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			var mu sync.Mutex
+			started := map[int]bool{}
+			err := etcdlock.RunShards(sctx, s, name, 2, func(ctx context.Context, sh etcdlock.Shard) error {
+				mu.Lock()
+				started[sh.Num] = true
+				all := len(started) == 2
+				mu.Unlock()
+				if all {
+					if err := etcdlock.SetShardWeight(ctx, cli, name, s.Lease(), 0); err != nil {
+						return err
+					}
+					if _, err := etcdlock.InspectShards(ctx, cli, name, 2); err != nil {
+						return err
+					}
+					cancel()
+				}
+				<-ctx.Done()
+				return nil
+			})
+			if err == nil && sctx.Err() == nil {
+				err = errors.New("RunShards returned before it ran its shards")
+			}
+			return err
 		})
 	}},
 	{"InspectLock", func(ctx context.Context, cli *clientv3.Client, name string) error {
