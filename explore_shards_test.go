@@ -18,10 +18,7 @@ import (
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/etcdtest"
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // The schedule explorer of RunShards: a few replicas, each a RunShards of
@@ -979,21 +976,13 @@ func (x *shardSchedule) shInjKind(draw int) int {
 func (x *shardSchedule) arm(step int, target *shardReplica, d shardDraws) {
 	kind := x.shInjKind(d.kind)
 	x.logf("step %d: inject %s at r%d's RPC %d", step, shInjNames[kind], target.id, d.k)
-	match := etcdtest.Nth(d.k, func(r etcdtest.RPC) bool { return !r.Stream || r.Method == etcdtest.MethodWatch })
+	match := etcdtest.Nth(d.k, injectable)
 	act := etcdtest.Action{}
 	switch kind {
 	case shInjDrop:
-		act.After = func(r etcdtest.RPC, err error) error {
-			if err != nil {
-				return err
-			}
-			x.fault("  at r%d's %s: its answer lost", target.id, short(r.Method))
-			return status.Error(codes.Unavailable, "explore: the answer was lost")
-		}
+		act = lostAnswer(func(m string) { x.fault("  at r%d's %s: its answer lost", target.id, m) })
 	case shInjFail:
-		errs := []error{rpctypes.ErrGRPCTimeoutDueToLeaderFail, status.Error(codes.Unknown, "raft proposal dropped"), rpctypes.ErrGRPCLeaderChanged, status.Error(codes.Unavailable, "explore: connection refused")}
-		act.Before = func(r etcdtest.RPC) { x.fault("  at r%d's %s: it fails", target.id, short(r.Method)) }
-		act.Fail = errs[d.ipick2%len(errs)]
+		act = failedCall(d.ipick2, func(m string) { x.fault("  at r%d's %s: it fails", target.id, m) })
 	default:
 		act.Before = func(r etcdtest.RPC) {
 			x.fault("  at r%d's %s:", target.id, short(r.Method))

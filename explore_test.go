@@ -1281,21 +1281,13 @@ var injNames = []string{"another actor's operation", "a foreign key", "nested ke
 func (x *schedule) arm(step int, target *actor, d draws) {
 	kind := x.injKind(d.kind)
 	x.logf("step %d: inject %s at a%d's RPC %d", step, injNames[kind], target.id, d.k)
-	match := etcdtest.Nth(d.k, func(r etcdtest.RPC) bool { return !r.Stream || r.Method == etcdtest.MethodWatch })
+	match := etcdtest.Nth(d.k, injectable)
 	act := etcdtest.Action{}
 	switch kind {
 	case injDrop:
-		act.After = func(r etcdtest.RPC, err error) error {
-			if err != nil {
-				return err
-			}
-			x.logf("  at a%d's %s: its answer lost", target.id, short(r.Method))
-			return status.Error(codes.Unavailable, "explore: the answer was lost")
-		}
+		act = lostAnswer(func(m string) { x.logf("  at a%d's %s: its answer lost", target.id, m) })
 	case injFail:
-		errs := []error{rpctypes.ErrGRPCTimeoutDueToLeaderFail, status.Error(codes.Unknown, "raft proposal dropped"), rpctypes.ErrGRPCLeaderChanged, status.Error(codes.Unavailable, "explore: connection refused")}
-		act.Before = func(r etcdtest.RPC) { x.logf("  at a%d's %s: it fails", target.id, short(r.Method)) }
-		act.Fail = errs[d.pick2%len(errs)]
+		act = failedCall(d.pick2, func(m string) { x.logf("  at a%d's %s: it fails", target.id, m) })
 	default:
 		act.Before = func(r etcdtest.RPC) {
 			x.logf("  at a%d's %s:", target.id, short(r.Method))
@@ -1303,6 +1295,33 @@ func (x *schedule) arm(step int, target *actor, d draws) {
 		}
 	}
 	target.in.At(match, act)
+}
+
+// injectable matches the RPCs an injection may be armed at: every unary
+// call, and the requests sent on the watch stream.
+func injectable(r etcdtest.RPC) bool { return !r.Stream || r.Method == etcdtest.MethodWatch }
+
+// lostAnswer is the action that loses the answer of a call etcd applied,
+// as a connection that breaks just then would; say logs it, with the
+// call's method.
+func lostAnswer(say func(method string)) etcdtest.Action {
+	return etcdtest.Action{After: func(r etcdtest.RPC, err error) error {
+		if err != nil {
+			return err
+		}
+		say(short(r.Method))
+		return status.Error(codes.Unavailable, "explore: the answer was lost")
+	}}
+}
+
+// failedCall is the action that fails a call, unapplied, with one of the
+// errors etcd answers such a call with (the pick-th, round); say logs it.
+func failedCall(pick int, say func(method string)) etcdtest.Action {
+	errs := []error{rpctypes.ErrGRPCTimeoutDueToLeaderFail, status.Error(codes.Unknown, "raft proposal dropped"), rpctypes.ErrGRPCLeaderChanged, status.Error(codes.Unavailable, "explore: connection refused")}
+	return etcdtest.Action{
+		Before: func(r etcdtest.RPC) { say(short(r.Method)) },
+		Fail:   errs[pick%len(errs)],
+	}
 }
 
 func short(method string) string { return method[strings.LastIndexByte(method, '/')+1:] }
