@@ -157,16 +157,22 @@ func InspectShards(ctx context.Context, cli *clientv3.Client, name string, n int
 	for i := range set.Shards {
 		set.Shards[i].Num = i
 	}
-	for _, mb := range ms {
-		for i, mine := range assign(n, ms, mb.id) {
-			if mine {
-				set.Shards[i].Assigned = mb.id
-				byID[mb.id].Assigned++
-			}
+	for i, j := range assignAll(n, ms) {
+		if j >= 0 {
+			set.Shards[i].Assigned = ms[j].id
+			set.Members[j].Assigned++
 		}
 	}
-	for _, lk := range l.Locks {
-		rest := strings.TrimPrefix(lk.Name, name+"/")
+	set.read(l.Locks, byID)
+	return set, nil
+}
+
+// read fills in the members' identities and the shards' owners and
+// waiters from the set's locks, as ListLocks read them.
+func (set *ShardSet) read(locks []LockSummary, byID map[string]*ShardMember) {
+	n := len(set.Shards)
+	for _, lk := range locks {
+		rest := strings.TrimPrefix(lk.Name, set.Name+"/")
 		if rest == "members" {
 			for _, k := range lk.Holders {
 				if m := byID[keyID(k.Key)]; m != nil {
@@ -189,7 +195,6 @@ func InspectShards(ctx context.Context, cli *clientv3.Client, name string, n int
 			}
 		}
 	}
-	return set, nil
 }
 
 // keyID returns the last part of a lock's key: its lease in hex.
@@ -248,9 +253,22 @@ func readMembers(ctx context.Context, cli *clientv3.Client, name string, rev int
 // assignment.
 func assign(n int, members []member, me string) []bool {
 	mine := make([]bool, n)
+	for i, j := range assignAll(n, members) {
+		mine[i] = j >= 0 && members[j].id == me
+	}
+	return mine
+}
+
+// assignAll returns, for each of n shards, the index in members of the
+// member assign gives it (-1 when there are no members).
+func assignAll(n int, members []member) []int {
+	owner := make([]int, n)
 	m := len(members)
 	if m == 0 {
-		return mine
+		for i := range owner {
+			owner[i] = -1
+		}
+		return owner
 	}
 	total := 0
 	for _, mb := range members {
@@ -295,12 +313,12 @@ func assign(n int, members []member, me string) []bool {
 					extra--
 				}
 				count[j]++
-				mine[i] = members[j].id == me
+				owner[i] = j
 				break
 			}
 		}
 	}
-	return mine
+	return owner
 }
 
 // rank is member's rendezvous score for shard i.
