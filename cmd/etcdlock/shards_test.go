@@ -201,7 +201,7 @@ func TestShardsMoveAndDrain(t *testing.T) {
 	})
 	bID := memberOf(t, st, b)
 	require.Equal(t, "b", st.Members[slices.IndexFunc(st.Members, func(m shardMemberJSON) bool { return m.ID == bID })].Name)
-	requireHandedOver(t, readShardLog(t, log), aID, bID, n/2)
+	requireHandedOver(t, log, aID, bID, n/2)
 
 	r := runProc(t, nil, "shards", "drain", ep(), name, bID)
 	require.Equal(t, 0, r.code, r.stderr)
@@ -216,7 +216,7 @@ func TestShardsMoveAndDrain(t *testing.T) {
 			require.Equal(t, 0, m.Owns)
 		}
 	}
-	requireHandedOver(t, readShardLog(t, log), bID, aID, n/2)
+	requireHandedOver(t, log, bID, aID, n/2)
 	require.Eventually(t, func() bool {
 		for _, e := range running(readShardLog(t, log)) {
 			if e.lease == bID {
@@ -233,10 +233,30 @@ func TestShardsMoveAndDrain(t *testing.T) {
 	waitShards(t, name, n, "b back", func(st shardsJSON) bool { return owns(st)[bID] == n/2 })
 }
 
-// requireHandedOver checks the log: moved shards went from one member to
-// another, each started on to only after it ended on from, with a higher
-// token; and no shard ran twice at once.
-func requireHandedOver(t *testing.T, evs []shardEvent, from, to string, moved int) {
+// requireHandedOver waits until the log shows moved shards gone from one
+// member to another (etcd shows a shard's new owner as soon as it holds
+// it, a moment before its CMD writes its start), and checks each time it
+// reads the log that each started on to only after it ended on from,
+// with a higher token, and that no shard ran twice at once.
+func requireHandedOver(t *testing.T, log, from, to string, moved int) {
+	t.Helper()
+	deadline := time.Now().Add(procTimeout)
+	for {
+		got := handedOver(t, readShardLog(t, log), from, to)
+		if got >= moved {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d shards handed over from %s to %s in %v, want %d", got, from, to, procTimeout, moved)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// handedOver returns how many shards the log shows handed over from one
+// member to another, and fails the test if a shard ran twice at once or
+// its token did not rise.
+func handedOver(t *testing.T, evs []shardEvent, from, to string) int {
 	t.Helper()
 	last := map[int]shardEvent{} // by shard: the last start
 	ended := map[int]bool{}      // by pid
@@ -255,7 +275,7 @@ func requireHandedOver(t *testing.T, evs []shardEvent, from, to string, moved in
 		}
 		last[e.shard] = e
 	}
-	require.GreaterOrEqual(t, got, moved, "shards handed over from %s to %s", from, to)
+	return got
 }
 
 // A CMD that exits while its shard is still owned is started again, in
