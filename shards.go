@@ -13,8 +13,8 @@ import (
 
 // Shards: n shards of work spread over the replicas alive, each run by
 // one replica at a time (RunShards), on the queues the other primitives
-// use: the replicas' membership is a read lock that every replica holds,
-// and each shard is a Mutex.
+// use: the replicas' membership is a read lock's key that every replica
+// puts on its lease, and each shard is a Mutex.
 
 // MaxShards is the most shards RunShards spreads.
 const MaxShards = 4096
@@ -125,6 +125,9 @@ func RunShards(ctx context.Context, s *Session, name string, n int, fn func(ctx 
 		return errorf("%w: RunShards needs a fn", ErrInvalidOption)
 	case n < 1 || n > MaxShards:
 		return errorf("%w: %d shards: RunShards spreads 1 to %d", ErrInvalidOption, n, MaxShards)
+	}
+	if err := CheckMutexOptions(o.mutex...); err != nil {
+		return err // before it joins, not at each shard's Lock
 	}
 	for _, nm := range []string{name, shardName(name, n-1), name + "/members"} {
 		if err := checkName(nm); err != nil {

@@ -615,3 +615,16 @@ func TestRunShardsLeaveSchedules(t *testing.T) {
 		})
 	}
 }
+
+// TestRunShardsInvalidMutexOption: a shard's invalid Mutex option is
+// refused before the replica joins, not at each shard's Lock.
+func TestRunShardsInvalidMutexOption(t *testing.T) {
+	t.Parallel()
+	var in etcdtest.Injector
+	s := newSession(t, cluster.Client(t, clientv3.Config{DialOptions: in.DialOptions()}))
+	before := in.Count()
+	err := etcdlock.RunShards(t.Context(), s, lockName(t), 2, func(context.Context, etcdlock.Shard) error { return nil },
+		etcdlock.WithShardMutexOptions(etcdlock.WithLockDelay(-time.Second)))
+	require.ErrorIs(t, err, etcdlock.ErrInvalidOption)
+	require.Equal(t, before, in.Count(), "RPCs made for a RunShards refused")
+}
