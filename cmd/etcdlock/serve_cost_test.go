@@ -116,6 +116,12 @@ func TestServeCost(t *testing.T) {
 // grpcHandled reads grpc_server_handled_total of the member at ep, summed
 // by method.
 func grpcHandled(t *testing.T, ep string) map[string]float64 {
+	return grpcCounter(t, ep, "grpc_server_handled_total")
+}
+
+// grpcCounter reads the counter metric (one of gRPC's, labelled by
+// grpc_method) of the member at ep, summed by method.
+func grpcCounter(t *testing.T, ep, metric string) map[string]float64 {
 	t.Helper()
 	resp, err := http.Get(ep + "/metrics")
 	require.NoError(t, err)
@@ -125,7 +131,7 @@ func grpcHandled(t *testing.T, ep string) map[string]float64 {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "grpc_server_handled_total{") {
+		if !strings.HasPrefix(line, metric+"{") {
 			continue
 		}
 		i := strings.Index(line, `grpc_method="`)

@@ -6,11 +6,9 @@ package main
 // that does not settle; it reports what each change cost.
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -628,29 +626,5 @@ func (f *shardsFleet) rpcsAtRest(c *etcdtest.Cluster) {
 // grpcReceived reads grpc_server_msg_received_total of the member at ep,
 // summed by method.
 func grpcReceived(t *testing.T, ep string) map[string]float64 {
-	t.Helper()
-	resp, err := http.Get(ep + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "grpc_server_msg_received_total{") {
-			continue
-		}
-		i := strings.Index(line, `grpc_method="`)
-		j := strings.LastIndexByte(line, ' ')
-		if i < 0 || j < 0 {
-			continue
-		}
-		m := line[i+len(`grpc_method="`):]
-		m = m[:strings.IndexByte(m, '"')]
-		v, err := strconv.ParseFloat(line[j+1:], 64)
-		require.NoError(t, err)
-		out[m] += v
-	}
-	require.NoError(t, sc.Err())
-	return out
+	return grpcCounter(t, ep, "grpc_server_msg_received_total")
 }
