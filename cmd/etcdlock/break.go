@@ -88,13 +88,7 @@ func cmdBreak(args []string, stdout, stderr io.Writer) error {
 	if len(pos) == 2 {
 		key = pos[1]
 	}
-	if err := setupConn(fs, &conn, "break"); err != nil {
-		return err
-	}
-	if err := conn.askPassword("break", os.Stdin, stderr); err != nil {
-		return err
-	}
-	cli, err := conn.connect(context.Background(), name+"/")
+	cli, err := openConn(fs, &conn, "break", name+"/", stderr)
 	if err != nil {
 		return err
 	}

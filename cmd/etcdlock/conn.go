@@ -586,6 +586,18 @@ func parseReadCmd(command, argName, help string, args []string, stdout, stderr i
 	return c, nil
 }
 
+// openConn sets the connection up (setupConn), asks for the password
+// when one is wanted, and connects, for a command on the keys under pfx.
+func openConn(fs *flag.FlagSet, c *connFlags, command, pfx string, stderr io.Writer) (*clientv3.Client, error) {
+	if err := setupConn(fs, c, command); err != nil {
+		return nil, err
+	}
+	if err := c.askPassword(command, os.Stdin, stderr); err != nil {
+		return nil, err
+	}
+	return c.connect(context.Background(), pfx)
+}
+
 // setupConn applies the environment to the connection flags and checks
 // them.
 func setupConn(fs *flag.FlagSet, c *connFlags, command string) error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/etcdlock/etcdlock"
@@ -47,14 +46,8 @@ func cmdRelease(args []string, stdout, stderr io.Writer) error {
 	if len(rest) > 0 {
 		return usageErr("release", "unexpected argument %q after NAME", rest[0])
 	}
-	if err := setupConn(fs, &conn, "release"); err != nil {
-		return err
-	}
-	if err := conn.askPassword("release", os.Stdin, stderr); err != nil {
-		return err
-	}
 	name := pos[0]
-	cli, err := conn.connect(context.Background(), name+"/")
+	cli, err := openConn(fs, &conn, "release", name+"/", stderr)
 	if err != nil {
 		return err
 	}

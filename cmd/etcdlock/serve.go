@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -75,14 +74,8 @@ func cmdServe(args []string, stdout, stderr io.Writer) error {
 	if len(rest) > 0 {
 		return usageErr("serve", "unexpected argument %q after PREFIX", rest[0])
 	}
-	if err := setupConn(fs, &conn, "serve"); err != nil {
-		return err
-	}
-	if err := conn.askPassword("serve", os.Stdin, stderr); err != nil {
-		return err
-	}
 	prefix := pos[0]
-	cli, err := conn.connect(context.Background(), prefix)
+	cli, err := openConn(fs, &conn, "serve", prefix, stderr)
 	if err != nil {
 		return err
 	}

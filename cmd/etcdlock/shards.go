@@ -521,13 +521,7 @@ func cmdShardsStatus(args []string, stdout, stderr io.Writer) error {
 	if err := shardNameErr(fset, "shards status", name, *count); err != nil {
 		return err
 	}
-	if err := setupConn(fset, &conn, "shards status"); err != nil {
-		return err
-	}
-	if err := conn.askPassword("shards status", os.Stdin, stderr); err != nil {
-		return err
-	}
-	cli, err := conn.connect(context.Background(), name+"/")
+	cli, err := openConn(fset, &conn, "shards status", name+"/", stderr)
 	if err != nil {
 		return err
 	}
@@ -653,13 +647,7 @@ func cmdShardsWeight(sub string, args []string, stdout, stderr io.Writer) error 
 			return usageErr(command, "WEIGHT must be a whole number from 0 to %d, not %q", etcdlock.FullShardWeight, pos[2])
 		}
 	}
-	if err := setupConn(fset, &conn, command); err != nil {
-		return err
-	}
-	if err := conn.askPassword(command, os.Stdin, stderr); err != nil {
-		return err
-	}
-	cli, err := conn.connect(context.Background(), name+"/")
+	cli, err := openConn(fset, &conn, command, name+"/", stderr)
 	if err != nil {
 		return err
 	}
